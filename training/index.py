@@ -1,0 +1,52 @@
+"""FAISS gallery indexes: exact by default, HNSW or IVF for large galleries."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import faiss
+import numpy as np
+
+INDEX_TYPES = ("flat", "hnsw", "ivf")
+HNSW_M = 32
+HNSW_EF_CONSTRUCTION = 80
+HNSW_EF_SEARCH = 64
+IVF_NPROBE = 16
+
+
+def default_search_params(kind: str) -> dict[str, Any]:
+    """Search-time knobs stored in metadata.json and applied by GallerySearcher on load."""
+    return {"flat": {}, "hnsw": {"efSearch": HNSW_EF_SEARCH}, "ivf": {"nprobe": IVF_NPROBE}}[kind]
+
+
+def build_index(embeddings: np.ndarray, kind: str = "flat", seed: int = 0) -> faiss.Index:
+    """Index L2-normalised float32 embeddings (N, D) for Euclidean search."""
+    if kind not in INDEX_TYPES:
+        raise ValueError(f"unknown index type {kind!r}; choose one of {', '.join(INDEX_TYPES)}")
+    x = np.ascontiguousarray(embeddings, dtype=np.float32)
+    n, dim = x.shape
+    if kind == "flat":
+        index = faiss.IndexFlatL2(dim)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, HNSW_M)
+        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+    else:
+        nlist = max(1, min(int(4 * math.sqrt(n)), n // 39))  # FAISS wants >= 39 points per centroid
+        index = faiss.IndexIVFFlat(faiss.IndexFlatL2(dim), dim, nlist)
+        index.cp.seed = seed
+        index.train(x)
+    index.add(x)
+    for name, value in default_search_params(kind).items():
+        faiss.ParameterSpace().set_index_parameter(index, name, value)
+    return index
+
+
+def recall_at_1(index: faiss.Index, gallery: np.ndarray, queries: np.ndarray) -> float:
+    """Share of queries whose top hit equals exact search's top hit."""
+    exact = faiss.IndexFlatL2(gallery.shape[1])
+    exact.add(np.ascontiguousarray(gallery, dtype=np.float32))
+    q = np.ascontiguousarray(queries, dtype=np.float32)
+    _, truth = exact.search(q, 1)
+    _, found = index.search(q, 1)
+    return float((truth[:, 0] == found[:, 0]).mean())

@@ -1,0 +1,158 @@
+"""The build's steps as plain functions over files: `python -m training` and the KFP pipeline both call them.
+
+prepare_data -> train_and_export -> build_gallery -> evaluate_and_finalize
+Each step reads what the previous one wrote, so a pipeline can run them as separate tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import faiss
+import numpy as np
+import torch
+
+from handler import preprocessing
+from handler.artifacts import (
+    CHECKSUMMED,
+    INDEX_FILE,
+    LABELS_FILE,
+    METADATA_FILE,
+    MODEL_FILE,
+    sha256_file,
+)
+from handler.search import DEFAULT_K, GallerySearcher
+
+from .data import Dataset, load_dataset
+from .evaluate import calibrate_threshold, evaluate, open_set_rejection, write_plots
+from .export import export_torchscript
+from .index import build_index, default_search_params, recall_at_1
+from .train import TrainConfig, embed, train_model
+
+TRAIN_FILE = "train.json"
+INDEX_INFO_FILE = "index.json"
+METRICS_FILE = "metrics.json"
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """Canonical canvases (after the shared preprocessing) with labels and class names."""
+
+    name: str
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    classes: tuple[str, ...]
+
+    def inputs(self, split: str) -> np.ndarray:
+        return preprocessing.normalize(self.train_x if split == "train" else self.test_x)
+
+    def summary(self) -> dict:
+        return {"name": self.name, "train": len(self.train_x), "test": len(self.test_x), "classes": list(self.classes)}
+
+    def save(self, path: Path) -> None:
+        """Plain .npz (no pickle), written atomically."""
+        tmp = Path(path).with_suffix(".partial.npz")
+        np.savez(tmp, name=np.array(self.name), train_x=self.train_x, train_y=self.train_y,
+                 test_x=self.test_x, test_y=self.test_y, classes=np.array(self.classes, dtype=str))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "PreparedData":
+        with np.load(path, allow_pickle=False) as f:
+            return cls(str(f["name"]), f["train_x"], f["train_y"], f["test_x"], f["test_y"],
+                       tuple(str(c) for c in f["classes"]))
+
+
+def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | None = None) -> PreparedData:
+    """Load a source and apply the serving preprocessing's array path to every image."""
+    ds = dataset or load_dataset(source, cache_dir)
+    return PreparedData(
+        ds.name,
+        preprocessing.canvases_from_arrays(ds.train_images),
+        ds.train_labels.astype(np.int64),
+        preprocessing.canvases_from_arrays(ds.test_images),
+        ds.test_labels.astype(np.int64),
+        tuple(ds.classes),
+    )
+
+
+def train_and_export(data: PreparedData, config: TrainConfig, out: Path, k: int = DEFAULT_K,
+                     log: Callable[[str], None] = print) -> dict:
+    """Train, export model.pt (TorchScript, parity-checked), write train.json."""
+    model, history = train_model(data.inputs("train"), data.train_y, data.inputs("test"), data.test_y,
+                                 len(data.classes), config, k, log)
+    parity = export_torchscript(model, out / MODEL_FILE, data.inputs("test")[:256])
+    log(f"TorchScript export: max abs difference vs eager {parity:.2e}")
+    info = {"config": config.to_dict(), "history": history.epochs, "train_seconds": history.seconds,
+            "torchscript_max_abs_diff": parity}
+    (out / TRAIN_FILE).write_text(json.dumps(info, indent=2))
+    return info
+
+
+def load_model(path: Path) -> torch.jit.ScriptModule:
+    return torch.jit.load(str(path), map_location="cpu").eval()
+
+
+def build_gallery(data: PreparedData, out: Path, index_type: str = "flat", seed: int = 0,
+                  log: Callable[[str], None] = print) -> dict:
+    """Embed the training split with model.pt and write index.faiss, labels.json, index.json."""
+    model = load_model(out / MODEL_FILE)
+    gallery = embed(model, data.inputs("train"))
+    started = time.perf_counter()
+    index = build_index(gallery, index_type, seed)
+    build_seconds = time.perf_counter() - started
+    info = {"type": index_type, "size": int(index.ntotal), "dim": int(index.d),
+            "search_params": default_search_params(index_type), "build_seconds": build_seconds}
+    if index_type != "flat":
+        info["recall_at_1"] = recall_at_1(index, gallery, embed(model, data.inputs("test")))
+        log(f"{index_type} index: recall@1 against exact search {info['recall_at_1']:.4f}")
+    faiss.write_index(index, str(out / INDEX_FILE))
+    (out / LABELS_FILE).write_text(json.dumps([data.classes[y] for y in data.train_y]))
+    (out / INDEX_INFO_FILE).write_text(json.dumps(info, indent=2))
+    return info
+
+
+def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plots: bool = True,
+                          log: Callable[[str], None] = print) -> dict:
+    """Evaluate with the serving searcher, calibrate the open-set threshold, write metadata.json."""
+    model = load_model(out / MODEL_FILE)
+    index_info = json.loads((out / INDEX_INFO_FILE).read_text())
+    train_info = json.loads((out / TRAIN_FILE).read_text())
+    searcher = GallerySearcher.from_files(out / INDEX_FILE, out / LABELS_FILE, k=k,
+                                          search_params=index_info["search_params"])
+    test_emb = embed(model, data.inputs("test"))
+    result = evaluate(searcher, test_emb, data.test_y, data.classes)
+    searcher.threshold = calibrate_threshold(result.pop("top1_distances"))
+    result["threshold"] = searcher.threshold
+    result["open_set_rejection"] = open_set_rejection(searcher, lambda x: embed(model, x))
+    log(f"held-out k-NN accuracy {result['accuracy']:.4f}; unknown threshold {searcher.threshold:.4f} "
+        f"rejects {result['open_set_rejection']:.1%} of synthetic non-digits")
+    if plots:
+        result["plots"] = write_plots(out, train_info["history"], np.array(result["confusion_matrix"]),
+                                      data.classes, test_emb, data.test_y)
+    (out / METRICS_FILE).write_text(json.dumps(result, indent=2))
+    metadata = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "dataset": data.summary(),
+        "embedding_dim": int(searcher.dim),
+        "preprocessing": {"version": preprocessing.PREPROCESSING_VERSION, "mean": preprocessing.MEAN,
+                          "std": preprocessing.STD, "canvas": preprocessing.CANVAS, "box": preprocessing.BOX},
+        "index": index_info,
+        "k": k,
+        "threshold": searcher.threshold,
+        "metrics": {"accuracy": result["accuracy"], "open_set_rejection": result["open_set_rejection"]},
+        "training": {key: train_info[key] for key in ("config", "train_seconds", "torchscript_max_abs_diff")},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "faiss": faiss.__version__, "numpy": np.__version__},
+        "sha256": {name: sha256_file(out / name) for name in CHECKSUMMED},
+    }
+    (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
+    return metadata
