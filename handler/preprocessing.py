@@ -41,6 +41,14 @@ ImageInput = Union[bytes, bytearray, memoryview, Image.Image, np.ndarray]
 class InvalidImageError(ValueError):
     """The input cannot be turned into a model input; the message says why."""
 
+    status = 400
+
+
+class ImageTooLargeError(InvalidImageError):
+    """More pixels than the configured limit (refused before the pixels are decoded)."""
+
+    status = 413
+
 
 def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
     """Decode image bytes with Pillow, refusing oversized images before decoding pixels."""
@@ -51,14 +59,14 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Ima
     except UnidentifiedImageError:
         raise InvalidImageError("not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, TIFF)") from None
     except Image.DecompressionBombError as exc:
-        raise InvalidImageError(f"image too large: {exc}") from None
+        raise ImageTooLargeError(f"image too large: {exc}") from None
     except Exception as exc:  # Pillow raises assorted errors on malformed headers
         raise InvalidImageError(f"unreadable image header: {exc}") from None
     width, height = img.size
     if width < 1 or height < 1:
         raise InvalidImageError(f"image has no pixels ({width}x{height})")
     if width * height > max_pixels:
-        raise InvalidImageError(
+        raise ImageTooLargeError(
             f"image too large: {width}x{height} = {width * height} pixels exceeds the limit of {max_pixels}"
         )
     try:

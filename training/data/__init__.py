@@ -76,6 +76,8 @@ def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None) ->
         from .idx import load_idx_dir
 
         return load_idx_dir(path)
+    if source.startswith("idx:") or path.exists():
+        raise DataError(f"{path}: not a directory of IDX files")
     raise DataError(
         f"unknown data source {source!r}: use mnist-sample, idx:DIR, download:mnist or folder:DIR"
     )

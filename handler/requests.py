@@ -1,0 +1,72 @@
+"""Turn one TorchServe request row into image bytes, or a RequestError that becomes a 4xx answer.
+
+Accepted forms:
+- raw image bytes as the body (``curl --data-binary @digit.png`` or ``curl -T digit.png``),
+- a multipart form with the image in a file field (``curl -F data=@digit.png``),
+- JSON ``{"data": "<base64 image>"}`` with ``Content-Type: application/json``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any, Mapping
+
+#: Field names tried first in multipart forms; any single file field is accepted otherwise.
+FORM_FIELDS = ("data", "file", "image", "body")
+
+
+class RequestError(ValueError):
+    """A request the handler refuses; ``status`` is the HTTP code returned for that request only."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _from_json(payload: Mapping[str, Any]) -> bytes:
+    data = payload.get("data")
+    if not isinstance(data, str):
+        raise RequestError('JSON body must be {"data": "<base64-encoded image>"}')
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError('"data" is not valid base64') from None
+
+
+def decode_request(row: Mapping[str, Any], content_types: Mapping[str, str] | None = None) -> bytes:
+    """Image bytes carried by one request row (TorchServe gives each input field as a key)."""
+    content_types = content_types or {}
+    if "body" in row:
+        value = row["body"]
+        content_type = content_types.get("body", "")
+        if isinstance(value, Mapping):
+            return _from_json(value)
+        if isinstance(value, str):
+            raise RequestError(f"a {content_type or 'text'} body is not an image: send image bytes or "
+                               'JSON {"data": "<base64>"}', status=415)
+        if isinstance(value, (bytes, bytearray)):
+            if content_type.startswith("application/json"):
+                raise RequestError("body is not valid JSON")
+            if not value:
+                raise RequestError("empty body: send an image")
+            return bytes(value)
+        raise RequestError("unsupported request body")
+    files = {name: value for name, value in row.items() if isinstance(value, (bytes, bytearray))}
+    for name in FORM_FIELDS:
+        if name in files:
+            return _non_empty(bytes(files[name]), name)
+    if len(files) == 1:
+        name, value = next(iter(files.items()))
+        return _non_empty(bytes(value), name)
+    if not row:
+        raise RequestError("empty request: send an image as the body, a form file or JSON")
+    if files:
+        raise RequestError(f"form has several files ({', '.join(sorted(files))}); send one, named 'data'")
+    raise RequestError("form has no image file field: use -F data=@image.png")
+
+
+def _non_empty(data: bytes, field: str) -> bytes:
+    if not data:
+        raise RequestError(f"form field {field!r} is empty")
+    return data

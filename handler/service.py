@@ -1,0 +1,98 @@
+"""The model service without TorchServe: decode -> predict -> encode for a batch of requests."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .artifacts import INDEX_FILE, LABELS_FILE, MODEL_FILE, ArtifactError, verify_artifacts
+from .preprocessing import DEFAULT_MAX_PIXELS, PREPROCESSING_VERSION, InvalidImageError, preprocess
+from .requests import RequestError
+from .search import GallerySearcher
+
+
+@dataclass
+class BatchTimings:
+    """Seconds spent in each stage of one batch (fed to TorchServe metrics and logs)."""
+
+    preprocess: float = 0.0
+    embed: float = 0.0
+    search: float = 0.0
+    rejected: int = 0
+    unknown: int = 0
+    top1: list[float] = field(default_factory=list)
+
+
+def error_answer(exc: RequestError | InvalidImageError) -> dict[str, Any]:
+    return {"error": str(exc), "status": exc.status}
+
+
+class EmbeddingService:
+    """Verified artifacts loaded once; answers a batch of image payloads with one forward and one search."""
+
+    def __init__(self, model: torch.jit.ScriptModule, searcher: GallerySearcher, metadata: dict,
+                 device: str = "cpu", max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+        self.model = model
+        self.searcher = searcher
+        self.metadata = metadata
+        self.device = torch.device(device)
+        self.max_pixels = max_pixels
+        probe = self.embed(np.zeros((1, 1, 28, 28), np.float32))  # warm-up, and a contract check
+        if probe.shape[1] != searcher.dim:
+            raise ArtifactError(f"model embeds into {probe.shape[1]} dimensions but the index holds {searcher.dim}")
+
+    @classmethod
+    def from_dir(cls, model_dir: Path, device: str = "cpu", k: int | None = None,
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> "EmbeddingService":
+        """Load from a directory only after every artifact's SHA-256 matched metadata.json."""
+        model_dir = Path(model_dir)
+        metadata = verify_artifacts(model_dir)
+        version = metadata.get("preprocessing", {}).get("version")
+        if version != PREPROCESSING_VERSION:
+            raise ArtifactError(f"artifacts were built with preprocessing version {version!r}, "
+                                f"this handler implements {PREPROCESSING_VERSION!r}")
+        model = torch.jit.load(str(model_dir / MODEL_FILE), map_location=device).eval()
+        searcher = GallerySearcher.from_files(
+            model_dir / INDEX_FILE, model_dir / LABELS_FILE, k=k or metadata["k"],
+            threshold=metadata["threshold"], search_params=metadata["index"].get("search_params"),
+        )
+        return cls(model, searcher, metadata, device, max_pixels)
+
+    @torch.inference_mode()
+    def embed(self, batch: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(batch).to(self.device)
+        return self.model(x).float().cpu().numpy()
+
+    def answer(self, payloads: Sequence[bytes | RequestError]) -> tuple[list[dict[str, Any]], BatchTimings]:
+        """One answer per payload, in order; bad items get an error answer, the others are served."""
+        timings = BatchTimings()
+        answers: list[dict[str, Any] | None] = [None] * len(payloads)
+        good, tensors = [], []
+        started = time.perf_counter()
+        for i, payload in enumerate(payloads):
+            try:
+                if isinstance(payload, RequestError):
+                    raise payload
+                tensors.append(preprocess(payload, self.max_pixels))
+                good.append(i)
+            except (RequestError, InvalidImageError) as exc:
+                answers[i] = error_answer(exc)
+                timings.rejected += 1
+        timings.preprocess = time.perf_counter() - started
+        if good:
+            started = time.perf_counter()
+            embeddings = self.embed(np.stack(tensors))
+            timings.embed = time.perf_counter() - started
+            started = time.perf_counter()
+            results = self.searcher.classify(embeddings)
+            timings.search = time.perf_counter() - started
+            for i, result in zip(good, results):
+                answers[i] = result
+                timings.unknown += result["unknown"]
+                timings.top1.append(result["dist"])
+        return answers, timings  # type: ignore[return-value]
