@@ -1,0 +1,116 @@
+"""Build `<model_store>/<name>.mar` with torch-model-archiver, atomically (`./archive.sh` calls this)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from handler.artifacts import CHECKSUMMED, METADATA_FILE, MODEL_FILE, ArtifactError, sha256_file, verify_artifacts
+
+from .config import DEFAULT_ARTIFACTS, DEFAULT_MODEL_STORE, MODEL_CONFIG_FILE, MODEL_NAME, MODEL_VERSION, REPO
+
+HANDLER_PACKAGE = REPO / "handler"
+HANDLER_ENTRY = HANDLER_PACKAGE / "embedding_handler.py"
+
+
+class ArchiveError(Exception):
+    """One-line reason the archive could not be built."""
+
+
+def _archiver() -> str:
+    exe = Path(sys.executable).parent / "torch-model-archiver"
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("torch-model-archiver")
+    if not found:
+        raise ArchiveError("torch-model-archiver not found: run ./scripts/bootstrap.sh")
+    return found
+
+
+def build_mar(artifacts: Path, export_path: Path, model_name: str = MODEL_NAME, version: str = MODEL_VERSION,
+              model_config: Path = MODEL_CONFIG_FILE) -> Path:
+    """Pack verified artifacts, the handler package and model-config.yaml; publish by rename.
+
+    The .mar is written under a hidden temporary directory inside `export_path` and renamed into
+    place, so an interrupted build never leaves a partial archive where TorchServe looks.
+    """
+    artifacts, export_path = Path(artifacts), Path(export_path)
+    if not model_name.replace("-", "").replace("_", "").isalnum():
+        raise ArchiveError(f"invalid model name {model_name!r}: use letters, digits, '-' and '_'")
+    try:
+        verify_artifacts(artifacts)
+    except ArtifactError as exc:
+        raise ArchiveError(str(exc)) from None
+    if not Path(model_config).is_file():
+        raise ArchiveError(f"{model_config}: model config missing")
+    export_path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{model_name}-", dir=export_path) as tmp:
+        extras = Path(tmp) / "extras"
+        shutil.copytree(HANDLER_PACKAGE, extras / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for name in (*CHECKSUMMED, METADATA_FILE):
+            if name != MODEL_FILE:
+                shutil.copy2(artifacts / name, extras / name)
+        cmd = [
+            _archiver(), "--model-name", model_name, "--version", version,
+            "--serialized-file", str(artifacts / MODEL_FILE), "--handler", str(HANDLER_ENTRY),
+            "--extra-files", str(extras), "--config-file", str(model_config),
+            "--export-path", tmp, "--force",
+        ]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        built = Path(tmp) / f"{model_name}.mar"
+        if result.returncode != 0 or not built.is_file():
+            detail = (result.stderr or result.stdout).strip().splitlines()
+            raise ArchiveError(f"torch-model-archiver failed: {detail[-1] if detail else result.returncode}")
+        target = export_path / f"{model_name}.mar"
+        built.replace(target)
+    return target
+
+
+def _java_ok() -> bool:
+    return shutil.which("java") is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="./archive.sh", description="Build model_store/<name>.mar for TorchServe.")
+    p.add_argument("--artifacts", type=Path, default=DEFAULT_ARTIFACTS,
+                   help="training output (default: artifacts/; trained on the bundled sample if missing)")
+    p.add_argument("--no-train", action="store_true", help="fail instead of training when artifacts are missing")
+    p.add_argument("--data", default="mnist-sample", help="data source used when training first")
+    p.add_argument("--epochs", default=None, help="epochs used when training first")
+    p.add_argument("--model-name", default=MODEL_NAME)
+    p.add_argument("--version", default=MODEL_VERSION)
+    p.add_argument("--export-path", type=Path, default=DEFAULT_MODEL_STORE)
+    p.add_argument("--model-config", type=Path, default=MODEL_CONFIG_FILE)
+    args = p.parse_args(argv)
+    try:
+        if not _java_ok():
+            raise ArchiveError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
+        if not (args.artifacts / METADATA_FILE).is_file():
+            if args.no_train:
+                raise ArchiveError(f"{args.artifacts}: no training artifacts (run python -m training --out {args.artifacts})")
+            print(f"archive: no artifacts in {args.artifacts}; training on {args.data} first", flush=True)
+            cmd = [sys.executable, "-m", "training", "--data", args.data, "--out", str(args.artifacts)]
+            if args.epochs:
+                cmd += ["--epochs", str(args.epochs)]
+            if subprocess.run(cmd, cwd=REPO).returncode != 0:
+                raise ArchiveError("training failed (see above)")
+        started = time.perf_counter()
+        mar = build_mar(args.artifacts, args.export_path, args.model_name, args.version, args.model_config)
+    except ArchiveError as exc:
+        print(f"archive: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("archive: interrupted; model store left as it was", file=sys.stderr)
+        return 130
+    print(f"archive: wrote {mar} ({mar.stat().st_size / 1e6:.2f} MB, sha256 {sha256_file(mar)}) "
+          f"in {time.perf_counter() - started:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

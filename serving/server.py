@@ -1,0 +1,204 @@
+"""Start, watch and stop a TorchServe instance with the project's configuration.
+
+`torchserve --start` exits 0 even when the frontend dies a second later (a taken port, say), and
+/ping answers before any worker is READY; so readiness here means: the Java process is alive and the
+management API reports a READY worker for the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from .config import CONFIG_FILE, KEY_FILE, MODEL_NAME, REPO, Endpoints, read_properties
+
+PID_FILE = ".model_server.pid"  # TorchServe's launcher writes it into $TMPDIR
+
+
+class ServerError(Exception):
+    """One-line reason the server could not be started, reached or stopped."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One TorchServe instance: its config file and its own working directory.
+
+    The working directory holds logs/, key_file.json and a private TMPDIR (which holds the
+    launcher's pid file), so several instances can run side by side.
+    """
+
+    workdir: Path = REPO
+    config: Path = CONFIG_FILE
+    model_name: str = MODEL_NAME
+
+    @property
+    def tmpdir(self) -> Path:
+        return self.workdir / ".ts-tmp"
+
+    @property
+    def key_file(self) -> Path:
+        return self.workdir / KEY_FILE
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / "logs" / "torchserve.out"
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return Endpoints.from_properties(read_properties(self.config))
+
+    def pid(self) -> int | None:
+        try:
+            pid = int((self.tmpdir / PID_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if psutil.pid_exists(pid) and _is_torchserve(pid) else None
+
+    def keys(self) -> dict[str, str]:
+        """Current tokens from key_file.json: {"inference": ..., "management": ..., "API": ...}."""
+        try:
+            data = json.loads(self.key_file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ServerError(f"{self.key_file}: cannot read tokens ({exc})") from None
+        return {name: entry["key"] for name, entry in data.items() if isinstance(entry, dict) and "key" in entry}
+
+
+def _is_torchserve(pid: int) -> bool:
+    try:
+        return "org.pytorch.serve" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _get_json(url: str, token: str | None, timeout: float = 2.0):
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read() or b"null")
+
+
+def _log_tail(instance: Instance, lines: int = 400) -> str:
+    texts = []
+    for path in (instance.log_file, instance.workdir / "logs" / "ts_log.log"):
+        try:
+            texts.append(path.read_text(errors="replace"))
+        except OSError:
+            pass
+    return "\n".join("\n".join(t.splitlines()[-lines:]) for t in texts)
+
+
+def _diagnose(instance: Instance) -> str:
+    tail = _log_tail(instance)
+    if "Address already in use" in tail:
+        return "a port in the config is already in use (see logs/ts_log.log)"
+    for marker in ("refusing to load model", "ArtifactError", "ModuleNotFoundError", "Load model failed"):
+        for line in tail.splitlines():
+            if marker in line:
+                return line.strip()[-300:]
+    return f"see {instance.log_file} and {instance.workdir / 'logs'}"
+
+
+def model_status(instance: Instance) -> list[dict]:
+    """Workers of the model as the management API describes them (all versions)."""
+    token = instance.keys().get("management")
+    return _get_json(f"{instance.endpoints.management}/models/{instance.model_name}/all", token)
+
+
+def wait_ready(instance: Instance, timeout: float = 120.0) -> float:
+    """Poll until a worker of the model is READY; returns the seconds waited."""
+    started = time.monotonic()
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        if instance.pid() is None and time.monotonic() - started > 3:
+            raise ServerError(f"TorchServe exited during start: {_diagnose(instance)}")
+        try:
+            for version in model_status(instance):
+                if any(w.get("status") == "READY" for w in version.get("workers", [])):
+                    return time.monotonic() - started
+        except (ServerError, urllib.error.URLError, OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise ServerError(f"no READY worker for {instance.model_name} after {timeout:.0f}s: {_diagnose(instance)}")
+
+
+def start(instance: Instance, model_store: Path, models: str | None = None, timeout: float = 120.0,
+          threads: int = 1) -> float:
+    """Launch TorchServe, wait until READY, return seconds from launch to READY."""
+    if shutil.which("java") is None:
+        raise ServerError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
+    if instance.pid() is not None:
+        raise ServerError(f"TorchServe already running (pid {instance.pid()}); stop it first")
+    pid_file = instance.tmpdir / PID_FILE
+    if pid_file.exists():
+        pid_file.unlink()  # stale: the frontend died without cleaning up
+    props = read_properties(instance.config)
+    load = models or props.get("load_models", "")
+    for name in filter(None, (m.split("=")[-1].strip() for m in load.split(","))):
+        if name not in ("all", "ALL") and not (Path(model_store) / name).exists():
+            raise ServerError(f"{Path(model_store) / name} not found: build it with ./archive.sh")
+    for what, port in instance.endpoints.ports().items():
+        if _port_in_use(port):
+            raise ServerError(f"port {port} ({what}) is already in use: stop the other server or change {instance.config.name}")
+    instance.tmpdir.mkdir(parents=True, exist_ok=True)
+    instance.log_file.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, TMPDIR=str(instance.tmpdir), OMP_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads), PYTHONPATH="")
+    cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs",
+           "--ts-config", str(instance.config), "--model-store", str(model_store)]
+    if models:
+        cmd += ["--models", models]
+    started = time.monotonic()
+    with open(instance.log_file, "ab") as log:
+        subprocess.run(cmd, cwd=instance.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                       stdin=subprocess.DEVNULL, check=False, start_new_session=True)
+    try:
+        wait_ready(instance, timeout)
+    except ServerError:
+        stop(instance)
+        raise
+    return time.monotonic() - started
+
+
+def stop(instance: Instance, timeout: float = 20.0) -> bool:
+    """Stop the frontend and every worker it started; True if something was running."""
+    pid = instance.pid()
+    if pid is None:
+        (instance.tmpdir / PID_FILE).unlink(missing_ok=True)
+        return False
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        procs = []
+    env = dict(os.environ, TMPDIR=str(instance.tmpdir))
+    subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop"], cwd=instance.workdir, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for proc in alive:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    (instance.tmpdir / PID_FILE).unlink(missing_ok=True)
+    return True
