@@ -1,0 +1,89 @@
+"""Shared, session-scoped fixtures: one tiny trained model, its archive, and a real TorchServe."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for the helper modules beside the tests
+
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+TINY_EPOCHS = 2
+
+
+@pytest.fixture(scope="session")
+def prepared_sample():
+    """The bundled MNIST sample after the shared preprocessing (4,000 / 1,000 canvases)."""
+    from training.steps import prepare_data
+
+    return prepare_data("mnist-sample")
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts(tmp_path_factory, prepared_sample) -> Path:
+    """A real, quickly trained artifact directory (2 epochs on the bundled sample, no plots)."""
+    from training.steps import build_gallery, evaluate_and_finalize, train_and_export
+    from training.train import TrainConfig
+
+    out = tmp_path_factory.mktemp("artifacts")
+    config = TrainConfig(epochs=TINY_EPOCHS, embedding_dim=32, width=16, seed=0)
+    train_and_export(prepared_sample, config, out, log=lambda _: None)
+    build_gallery(prepared_sample, out, log=lambda _: None)
+    evaluate_and_finalize(prepared_sample, out, plots=False, log=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def model_store(tmp_path_factory, tiny_artifacts) -> Path:
+    """A model store holding embedding.mar built by the project's archiver."""
+    from serving.archive import build_mar
+
+    store = tmp_path_factory.mktemp("model_store")
+    build_mar(tiny_artifacts, store)
+    return store
+
+
+def free_ports(n: int) -> list[int]:
+    sockets, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def make_instance(workdir: Path, **overrides: str):
+    """An Instance with the project's config.properties on free loopback ports, in its own workdir."""
+    from serving.config import CONFIG_FILE, read_properties, with_ports, write_properties
+    from serving.server import Instance
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    props = with_ports(read_properties(CONFIG_FILE), *free_ports(5))
+    props.update(overrides)
+    config = workdir / "config.properties"
+    write_properties(props, config)
+    return Instance(workdir=workdir, config=config)
+
+
+@pytest.fixture(scope="session")
+def torchserve(tmp_path_factory, model_store):
+    """A real TorchServe serving the tiny archive; stopped at the end of the session, even on failure."""
+    from serving.server import start, stop
+
+    instance = make_instance(tmp_path_factory.mktemp("torchserve"))
+    try:
+        start(instance, model_store, timeout=120)
+        yield instance
+    finally:
+        stop(instance)

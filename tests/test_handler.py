@@ -1,0 +1,138 @@
+"""The TorchServe handler against TorchServe's own Context class (no server process)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from imagegen import form_row, json_row, raw_row, user_digit_png
+from ts.context import Context, RequestProcessor
+
+from handler.artifacts import LABELS_FILE, METADATA_FILE, ArtifactError
+from handler.embedding_handler import EmbeddingHandler
+from handler.preprocessing import preprocess
+from handler.service import EmbeddingService
+
+ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours"}
+
+
+def make_context(model_dir: Path, handler_settings: dict | None = None, content_types: list[dict] | None = None):
+    context = Context("embedding", str(model_dir), {"model": {"modelVersion": "1.0"}}, 8, None, "0.12.0",
+                      model_yaml_config={"handler": handler_settings or {}})
+    return context
+
+
+def run_batch(handler: EmbeddingHandler, context: Context, rows: list[dict], headers: list[dict] | None = None):
+    context.request_processor = [RequestProcessor(h) for h in (headers or [{} for _ in rows])]
+    context.request_ids = {i: f"req-{i}" for i in range(len(rows))}
+    out = handler.handle(rows, context)
+    return [json.loads(o) for o in out], [context.get_response_status(i)[0] for i in range(len(rows))]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_artifacts):
+    context = make_context(tiny_artifacts)
+    handler = EmbeddingHandler()
+    handler.initialize(context)
+    return handler, context
+
+
+@pytest.fixture(scope="module")
+def digits(prepared_sample):
+    """One held-out digit canvas per class, as PNG bytes a user would send, with its true label."""
+    picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]
+    return [(user_digit_png(prepared_sample.test_x[i]), str(prepared_sample.test_y[i])) for i in picks]
+
+
+def test_single_raw_request_answers_with_documented_schema(loaded, digits):
+    handler, context = loaded
+    answers, statuses = run_batch(handler, context, [raw_row(digits[7][0])])
+    assert statuses == [200]
+    assert set(answers[0]) == ANSWER_KEYS
+    assert len(answers[0]["neighbours"]) == 5
+    assert answers[0]["dist"] == answers[0]["neighbours"][0]["dist"]
+    assert 0.0 < answers[0]["confidence"] <= 1.0
+
+
+def test_batch_answers_in_order_and_mostly_correct(loaded, digits):
+    handler, context = loaded
+    answers, statuses = run_batch(handler, context, [raw_row(png) for png, _ in digits])
+    assert statuses == [200] * 10
+    correct = sum(a["pred"] == label for a, (_, label) in zip(answers, digits))
+    assert correct >= 8  # a 2-epoch model; order is what this test is about
+
+
+def test_each_input_form_gives_the_same_answer(loaded, digits):
+    handler, context = loaded
+    png = digits[3][0]
+    answers, statuses = run_batch(handler, context, [raw_row(png), json_row(png), form_row(png)])
+    assert statuses == [200, 200, 200]
+    assert answers[0] == answers[1] == answers[2]
+
+
+def test_bad_items_fail_alone_in_a_mixed_batch(loaded, digits):
+    handler, context = loaded
+    rows = [raw_row(digits[1][0]), raw_row(b"not an image"), {"body": {"data": "%%%"}}, {},
+            {"body": "hello"}, json_row(digits[2][0])]
+    answers, statuses = run_batch(handler, context, rows)
+    assert statuses == [200, 400, 400, 400, 415, 200]
+    for i in (1, 2, 3, 4):
+        assert set(answers[i]) == {"error", "status"} and answers[i]["error"]
+    assert answers[0]["pred"] and answers[5]["pred"]
+
+
+def test_answers_equal_offline_service(loaded, digits, tiny_artifacts):
+    handler, context = loaded
+    service = EmbeddingService.from_dir(tiny_artifacts)
+    offline = service.searcher.classify(service.embed(np.stack([preprocess(png) for png, _ in digits])))
+    served, _ = run_batch(handler, context, [raw_row(png) for png, _ in digits])
+    assert served == offline
+
+
+def test_k_comes_from_model_config(tiny_artifacts, digits):
+    context = make_context(tiny_artifacts, {"k": 3})
+    handler = EmbeddingHandler()
+    handler.initialize(context)
+    answers, _ = run_batch(handler, context, [raw_row(digits[0][0])])
+    assert len(answers[0]["neighbours"]) == 3
+
+
+def test_pixel_limit_from_model_config_gives_413(tiny_artifacts, digits):
+    context = make_context(tiny_artifacts, {"max_image_pixels": 100})
+    handler = EmbeddingHandler()
+    handler.initialize(context)
+    answers, statuses = run_batch(handler, context, [raw_row(digits[0][0])])
+    assert statuses == [413]
+    assert "too large" in answers[0]["error"]
+
+
+@pytest.mark.parametrize("tamper", ["labels", "index", "model"])
+def test_refuses_to_load_tampered_artifacts(tiny_artifacts, tmp_path, caplog, tamper):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_artifacts, model_dir)
+    target = {"labels": LABELS_FILE, "index": "index.faiss", "model": "model.pt"}[tamper]
+    if tamper == "labels":
+        labels = json.loads((model_dir / LABELS_FILE).read_text())
+        (model_dir / LABELS_FILE).write_text(json.dumps(labels[::-1]))
+    else:
+        data = bytearray((model_dir / target).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (model_dir / target).write_bytes(bytes(data))
+    handler = EmbeddingHandler()
+    with caplog.at_level(logging.ERROR), pytest.raises(ArtifactError, match=target):
+        handler.initialize(make_context(model_dir))
+    assert any("refusing to load model" in r.getMessage() for r in caplog.records)
+
+
+def test_refuses_other_preprocessing_version(tiny_artifacts, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_artifacts, model_dir)
+    metadata = json.loads((model_dir / METADATA_FILE).read_text())
+    metadata["preprocessing"]["version"] = "0"
+    (model_dir / METADATA_FILE).write_text(json.dumps(metadata))
+    with pytest.raises(ArtifactError, match="preprocessing version"):
+        EmbeddingHandler().initialize(make_context(model_dir))

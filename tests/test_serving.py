@@ -1,0 +1,151 @@
+"""End to end against a real TorchServe (Java frontend + Python workers) serving the tiny archive."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import stat
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from imagegen import user_digit_png
+
+from handler.preprocessing import preprocess
+from handler.service import EmbeddingService
+
+pytestmark = pytest.mark.serving
+
+
+def call(url: str, data: bytes | None = None, token: str | None = None, headers: dict | None = None,
+         method: str | None = None) -> tuple[int, dict]:
+    hdrs = dict(headers or {})
+    if token:
+        hdrs["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=data, headers=hdrs, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        return exc.code, json.loads(body) if body.strip().startswith(b"{") else {"raw": body.decode()}
+
+
+def multipart(field: str, filename: str, data: bytes) -> tuple[bytes, str]:
+    boundary = uuid.uuid4().hex
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{filename}\"\r\n"
+            f"Content-Type: image/png\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+def predict_forms(png: bytes) -> dict[str, tuple[bytes, dict]]:
+    form_body, form_type = multipart("data", "digit.png", png)
+    return {
+        "raw": (png, {"Content-Type": "application/octet-stream"}),
+        "multipart": (form_body, {"Content-Type": form_type}),
+        "json": (json.dumps({"data": base64.b64encode(png).decode()}).encode(), {"Content-Type": "application/json"}),
+    }
+
+
+@pytest.fixture(scope="module")
+def endpoint(torchserve):
+    return f"{torchserve.endpoints.inference}/predictions/{torchserve.model_name}", torchserve.keys()["inference"]
+
+
+@pytest.fixture(scope="module")
+def digits(prepared_sample):
+    picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]
+    return [user_digit_png(prepared_sample.test_x[i]) for i in picks]
+
+
+def test_served_answers_equal_offline_answers_in_every_form(endpoint, digits, tiny_artifacts):
+    url, token = endpoint
+    service = EmbeddingService.from_dir(tiny_artifacts)
+    offline = service.searcher.classify(service.embed(np.stack([preprocess(png) for png in digits])))
+    for png, expected in zip(digits, offline):
+        for form, (body, headers) in predict_forms(png).items():
+            status, answer = call(url, body, token, headers)
+            assert status == 200, (form, answer)
+            assert answer["pred"] == expected["pred"], form
+            assert [n["label"] for n in answer["neighbours"]] == [n["label"] for n in expected["neighbours"]]
+            np.testing.assert_allclose([n["dist"] for n in answer["neighbours"]],
+                                       [n["dist"] for n in expected["neighbours"]], atol=1e-5)
+
+
+def test_served_model_classifies_held_out_digits(endpoint, digits):
+    url, token = endpoint
+    preds = [call(url, png, token, {"Content-Type": "application/octet-stream"})[1]["pred"] for png in digits]
+    assert sum(p == str(d) for d, p in enumerate(preds)) >= 8
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token"])
+def test_inference_requires_the_token(endpoint, digits, token):
+    url, _ = endpoint
+    status, body = call(url, digits[0], token, {"Content-Type": "application/octet-stream"})
+    assert status == 400 and body["type"] == "InvalidKeyException"
+
+
+def test_management_requires_its_own_token(torchserve):
+    url = f"{torchserve.endpoints.management}/models"
+    keys = torchserve.keys()
+    assert call(url)[0] == 400
+    assert call(url, token=keys["inference"])[0] == 400
+    status, body = call(url, token=keys["management"])
+    assert status == 200 and body["models"][0]["modelName"] == "embedding"
+
+
+def test_model_api_is_off_by_default(torchserve):
+    url = f"{torchserve.endpoints.management}/models?url=embedding.mar"
+    assert call(url, b"", torchserve.keys()["management"], method="POST")[0] == 405
+
+
+def test_key_file_is_private(torchserve):
+    assert stat.S_IMODE(os.stat(torchserve.key_file).st_mode) == 0o600
+
+
+@pytest.mark.parametrize("body,headers,status", [
+    (b"", {"Content-Type": "application/octet-stream"}, 400),
+    (b"\x89PNG\r\n\x1a\n-truncated", {"Content-Type": "application/octet-stream"}, 400),
+    (b"just some text", {"Content-Type": "text/plain"}, 415),
+    (b'{"image": "x"}', {"Content-Type": "application/json"}, 400),
+    (b'{"data": "not base64!"}', {"Content-Type": "application/json"}, 400),
+    (b"{not json", {"Content-Type": "application/json"}, 400),
+])
+def test_bad_input_gets_4xx_json_and_server_keeps_answering(endpoint, digits, body, headers, status):
+    url, token = endpoint
+    got, answer = call(url, body, token, headers)
+    assert got == status and answer["error"], answer
+    assert call(url, digits[5], token, {"Content-Type": "application/octet-stream"})[0] == 200
+
+
+def test_concurrent_requests_with_one_bad_item(endpoint, digits):
+    url, token = endpoint
+    bodies = [*digits, b"garbage", *digits]
+
+    def send(body):
+        return call(url, body, token, {"Content-Type": "application/octet-stream"})
+
+    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        results = list(pool.map(send, bodies))
+    statuses = [s for s, _ in results]
+    assert statuses[10] == 400
+    assert statuses[:10] == [200] * 10 and statuses[11:] == [200] * 10
+    assert [a["pred"] for _, a in results[:10]] == [a["pred"] for _, a in results[11:]]
+
+
+def test_request_over_size_limit_is_refused_before_the_body_is_read(endpoint):
+    """The frontend answers 413 from the Content-Length header alone (max_request_size = 8 MiB)."""
+    url, token = endpoint
+    parts = urllib.parse.urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall((f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {token}\r\n"
+                      f"Content-Type: application/octet-stream\r\nContent-Length: {9 * 1024 * 1024}\r\n\r\n").encode())
+        sock.sendall(b"\0" * 65536)
+        status_line = sock.makefile("rb").readline().decode()
+    assert status_line.split()[1] == "413", status_line
