@@ -1,0 +1,127 @@
+"""./archive.sh and the start/stop commands: clear failures, atomic outputs, nothing left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import make_instance
+
+from handler.artifacts import sha256_file
+from serving.archive import ArchiveError, build_mar
+from serving.config import REPO
+from serving.server import PID_FILE, ServerError, start, stop
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+
+
+def run_archive(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(REPO / "archive.sh"), *args], capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def torchserve_processes(workdir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            env = proc.info.get("environ") or {}
+            if env.get("TMPDIR", "").startswith(str(workdir)):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_archive_sh_packs_handler_artifacts_and_config(tiny_artifacts, tmp_path):
+    result = run_archive("--artifacts", str(tiny_artifacts), "--export-path", str(tmp_path), "--version", "2.0")
+    assert result.returncode == 0, result.stderr
+    mar = tmp_path / "embedding.mar"
+    assert sha256_file(mar) in result.stdout and "MB" in result.stdout
+    with zipfile.ZipFile(mar) as archive:
+        names = set(archive.namelist())
+        manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
+    assert {"model.pt", "index.faiss", "labels.json", "metadata.json", "model-config.yaml",
+            "embedding_handler.py", "handler/preprocessing.py", "handler/search.py"} <= names
+    assert manifest["model"]["modelVersion"] == "2.0"
+    assert manifest["model"]["handler"] == "embedding_handler.py"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--no-train", "--artifacts", "/nonexistent/artifacts"], "no training artifacts"),
+    (["--model-name", "bad name!"], "invalid model name"),
+])
+def test_archive_sh_fails_with_one_line(tmp_path, args, message, tiny_artifacts):
+    if "--artifacts" not in args:
+        args = [*args, "--artifacts", str(tiny_artifacts)]
+    result = run_archive(*args, "--export-path", str(tmp_path))
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("archive:")]
+    assert len(lines) == 1 and message in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_archive_sh_rejects_unknown_flag():
+    result = run_archive("--bogus")
+    assert result.returncode == 2 and "unrecognized arguments: --bogus" in result.stderr
+
+
+def test_archive_sh_reports_missing_java(tiny_artifacts, tmp_path):
+    env = dict(ENV, PATH="/usr/local/bin/none")
+    result = subprocess.run([sys.executable, "-m", "serving.archive", "--artifacts", str(tiny_artifacts),
+                             "--export-path", str(tmp_path)], capture_output=True, text=True, env=env, cwd=REPO)
+    assert result.returncode == 1 and "java not found" in result.stderr
+
+
+def test_failed_build_leaves_previous_archive_intact(tiny_artifacts, tmp_path):
+    store = tmp_path / "store"
+    good = build_mar(tiny_artifacts, store)
+    before = sha256_file(good)
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_artifacts, broken)
+    (broken / "index.faiss").write_bytes(b"tampered")
+    with pytest.raises(ArchiveError, match="index.faiss"):
+        build_mar(broken, store)
+    assert sha256_file(good) == before
+    assert [p.name for p in store.iterdir()] == ["embedding.mar"]
+
+
+def test_start_reports_a_taken_port_and_leaves_nothing_running(model_store, tmp_path):
+    instance = make_instance(tmp_path / "ts")
+    port = instance.endpoints.ports()["inference"]
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", port))
+        blocker.listen()
+        with pytest.raises(ServerError, match=f"port {port} \\(inference\\) is already in use"):
+            start(instance, model_store)
+    assert instance.pid() is None and torchserve_processes(instance.workdir) == []
+
+
+def test_start_reports_missing_archive(tmp_path):
+    instance = make_instance(tmp_path / "ts")
+    with pytest.raises(ServerError, match="embedding.mar not found"):
+        start(instance, tmp_path / "empty-store")
+
+
+def test_stop_leaves_no_process_and_start_recovers_from_a_killed_frontend(model_store, tmp_path):
+    instance = make_instance(tmp_path / "ts")
+    start(instance, model_store)
+    frontend = psutil.Process(instance.pid())
+    workers = frontend.children(recursive=True)
+    assert workers, "TorchServe should have started worker processes"
+    frontend.kill()  # the frontend dies without cleaning up its pid file
+    frontend.wait(10)
+    psutil.wait_procs(workers, timeout=20)
+    assert (instance.tmpdir / PID_FILE).exists() and instance.pid() is None
+    start(instance, model_store)  # detects the stale state and starts cleanly
+    assert instance.pid() is not None
+    assert stop(instance) is True
+    assert torchserve_processes(instance.workdir) == []
+    assert stop(instance) is False
