@@ -74,7 +74,10 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Ima
         img.load()
     except Exception as exc:
         raise InvalidImageError(f"corrupt or truncated {img.format or 'image'} data: {exc}") from None
-    return img
+    try:
+        return ImageOps.exif_transpose(img)  # phone photos store their rotation in EXIF
+    except Exception:
+        return img  # malformed EXIF: use the pixels as stored
 
 
 def _grayscale(img: Image.Image) -> np.ndarray:
@@ -136,11 +139,14 @@ def to_canvas(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.nda
     if isinstance(image, (bytes, bytearray, memoryview)):
         image = decode_image(bytes(image), max_pixels)
     if isinstance(image, Image.Image):
-        gray = _grayscale(image)
+        try:
+            gray = _grayscale(image)
+        except (ValueError, OSError) as exc:  # modes Pillow cannot convert, e.g. LAB
+            raise InvalidImageError(f"unsupported image mode {image.mode}: {exc}") from None
     else:
         gray = np.asarray(image, dtype=np.float32)
-        if gray.ndim != 2:
-            raise InvalidImageError(f"expected a 2-D grayscale array, got shape {gray.shape}")
+        if gray.ndim != 2 or gray.size == 0:
+            raise InvalidImageError(f"expected a non-empty 2-D grayscale array, got shape {gray.shape}")
     if not np.isfinite(gray).all():
         raise InvalidImageError("image contains non-finite values")
     canvas = _fit_and_centre(_to_mnist_polarity(gray))

@@ -28,6 +28,11 @@ def _from_json(payload: Mapping[str, Any]) -> bytes:
     data = payload.get("data")
     if not isinstance(data, str):
         raise RequestError('JSON body must be {"data": "<base64-encoded image>"}')
+    if data.startswith("data:") and "," in data:  # a data URI: data:image/png;base64,....
+        data = data.split(",", 1)[1]
+    data = "".join(data.split())  # `base64` wraps its output at 76 columns
+    if not data:
+        raise RequestError('"data" is empty')
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):

@@ -66,6 +66,8 @@ class GallerySearcher:
     def _answer(self, distances: np.ndarray, ids: np.ndarray) -> dict[str, Any]:
         valid = ids >= 0  # approximate indexes may return fewer than k hits
         distances, ids = distances[valid], ids[valid]
+        if ids.size == 0:
+            return {"pred": None, "dist": None, "confidence": 0.0, "unknown": True, "neighbours": []}
         labels = [str(label) for label in self.labels[ids]]
         weights: dict[str, float] = defaultdict(float)
         for label, dist in zip(labels, distances):

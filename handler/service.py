@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,8 @@ from .artifacts import INDEX_FILE, LABELS_FILE, MODEL_FILE, ArtifactError, verif
 from .preprocessing import DEFAULT_MAX_PIXELS, PREPROCESSING_VERSION, InvalidImageError, preprocess
 from .requests import RequestError
 from .search import GallerySearcher
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,6 +85,10 @@ class EmbeddingService:
                 good.append(i)
             except (RequestError, InvalidImageError) as exc:
                 answers[i] = error_answer(exc)
+                timings.rejected += 1
+            except Exception:  # a bug, not bad input: fail this request alone, keep the batch
+                logger.exception("unexpected error preprocessing request %d", i)
+                answers[i] = {"error": "internal error while preprocessing this image", "status": 500}
                 timings.rejected += 1
         timings.preprocess = time.perf_counter() - started
         if good:

@@ -25,6 +25,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _env_threads(default: int = 2) -> int:
+    """$OMP_NUM_THREADS when it is a plain positive integer (it may also be a list like "4,2")."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(value) if value.isdigit() and int(value) > 0 else default
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     defaults = TrainConfig()
     p = argparse.ArgumentParser(prog="python -m training", description=__doc__)
@@ -38,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--index", choices=INDEX_TYPES, default="flat", help="gallery index type")
     p.add_argument("-k", type=_positive_int, default=DEFAULT_K, help="neighbours in the k-NN vote")
-    p.add_argument("--threads", type=_positive_int, default=int(os.environ.get("OMP_NUM_THREADS", "2")),
+    p.add_argument("--threads", type=_positive_int, default=_env_threads(),
                    help="torch intra-op threads (default: $OMP_NUM_THREADS or 2)")
     p.add_argument("--cache-dir", type=Path, default=None, help="download cache (default ~/.cache/mnist-embedding)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")

@@ -25,15 +25,23 @@ def staged_directory(out: Path) -> Iterator[Path]:
     complete directory or the new complete one.
     """
     out = Path(out).resolve()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out}: exists and is not a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    token = uuid.uuid4().hex[:8]
+    staging = out.parent / f".{out.name}.partial-{token}"
+    previous = out.parent / f".{out.name}.previous-{token}"
     staging.mkdir()
     try:
         yield staging
-        previous = out.parent / f".{out.name}.previous-{uuid.uuid4().hex[:8]}"
-        if out.exists():
-            os.replace(out, previous)
-        os.replace(staging, out)
+        try:
+            if out.exists():
+                os.replace(out, previous)
+            os.replace(staging, out)
+        except BaseException:
+            if previous.exists() and not out.exists():
+                os.replace(previous, out)  # interrupted between the two renames: put the old one back
+            raise
         shutil.rmtree(previous, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,460 @@
+"""The shared image -> model-input contract (handler/preprocessing.py) on images drawn here with Pillow."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image, ImageDraw, ImageFile
+
+from handler.preprocessing import (
+    BOX,
+    CANVAS,
+    DEFAULT_MAX_PIXELS,
+    MEAN,
+    STD,
+    ImageTooLargeError,
+    InvalidImageError,
+    canvases_from_arrays,
+    decode_image,
+    normalize,
+    preprocess,
+    to_canvas,
+)
+
+FORMATS = ("PNG", "JPEG", "BMP", "GIF", "WEBP", "TIFF")
+CENTRE = (CANVAS - 1) / 2
+
+
+def draw_seven(size=(64, 64), ink=0, paper=255, mode="L", origin=(0, 0), scale=1.0) -> Image.Image:
+    """A thick handwritten-like "7": a top bar and a diagonal down to the bottom left."""
+    img = Image.new(mode, size, paper)
+    x0, y0 = origin
+    w, h = 64 * scale, 64 * scale
+    points = [(x0 + 0.2 * w, y0 + 0.2 * h), (x0 + 0.8 * w, y0 + 0.2 * h), (x0 + 0.4 * w, y0 + 0.85 * h)]
+    ImageDraw.Draw(img).line(points, fill=ink, width=max(1, round(8 * scale)), joint="curve")
+    return img
+
+
+def encode(img: Image.Image, fmt: str = "PNG", **params) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **params)
+    return buf.getvalue()
+
+
+def opened_mode(data: bytes) -> str:
+    return Image.open(io.BytesIO(data)).mode
+
+
+def assert_model_input(x: np.ndarray) -> None:
+    assert x.dtype == np.float32
+    assert x.shape == (1, CANVAS, CANVAS)
+    assert np.isfinite(x).all()
+
+
+def assert_mnist_canvas(canvas: np.ndarray) -> None:
+    """uint8 28x28, light strokes on a black background: dark border, bright maximum."""
+    assert canvas.dtype == np.uint8
+    assert canvas.shape == (CANVAS, CANVAS)
+    border = np.concatenate([canvas[0], canvas[-1], canvas[:, 0], canvas[:, -1]])
+    assert border.max() <= 5, border
+    assert canvas.max() >= 220  # lossy codecs leave isolated extreme pixels that the 20x20 fit averages down
+    assert np.median(canvas) == 0  # most of the canvas is background
+
+
+def correlation(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(a.astype(np.float64).ravel(), b.astype(np.float64).ravel())[0, 1])
+
+
+def centre_of_mass(canvas: np.ndarray) -> tuple[float, float]:
+    c = canvas.astype(np.float64)
+    idx = np.arange(c.shape[0])
+    return float((c.sum(axis=1) * idx).sum() / c.sum()), float((c.sum(axis=0) * idx).sum() / c.sum())
+
+
+def bounding_box(canvas: np.ndarray) -> tuple[int, int]:
+    rows = np.flatnonzero(canvas.any(axis=1))
+    cols = np.flatnonzero(canvas.any(axis=0))
+    return int(rows[-1] - rows[0] + 1), int(cols[-1] - cols[0] + 1)
+
+
+def png_with_size(width: int, height: int) -> bytes:
+    """A real 4x4 PNG whose IHDR is patched to claim width x height (CRC fixed, pixel data left small)."""
+    png = encode(Image.new("L", (4, 4), 0))
+    (length,) = struct.unpack(">I", png[8:12])
+    chunk = bytearray(png[12 : 16 + length])  # type + data
+    chunk[4:12] = struct.pack(">II", width, height)
+    crc = struct.pack(">I", zlib.crc32(bytes(chunk)))
+    return png[:12] + bytes(chunk) + crc + png[16 + length + 4 :]
+
+
+def bmp_with_size(width: int, height: int) -> bytes:
+    """A real 4x4 BMP whose BITMAPINFOHEADER is patched to claim width x height."""
+    bmp = bytearray(encode(Image.new("L", (4, 4), 0), "BMP"))
+    bmp[18:26] = struct.pack("<ii", width, height)
+    return bytes(bmp)
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray:
+    """The canvas of the plain black-on-white "7" every other rendering is compared with."""
+    canvas = to_canvas(encode(draw_seven()))
+    assert_mnist_canvas(canvas)
+    return canvas
+
+
+def in_mode(mode: str) -> Image.Image:
+    """The reference "7" converted to a Pillow mode, with a 16-bit range for I;16."""
+    if mode == "I;16":
+        levels = np.asarray(draw_seven(), dtype=np.uint16)
+        return Image.fromarray(np.where(levels > 127, 60000, 1000).astype(np.uint16))
+    if mode == "RGB":
+        return draw_seven(mode="RGB", ink=(20, 30, 120), paper=(250, 240, 220))  # blue ink, cream paper
+    return draw_seven().convert(mode)
+
+
+CASES = [
+    ("L", "PNG", "L"),
+    ("L", "JPEG", "L"),
+    ("L", "BMP", "L"),
+    ("L", "GIF", "P"),
+    ("L", "WEBP", "RGB"),
+    ("L", "TIFF", "L"),
+]
+CASES += [("RGB", fmt, "P" if fmt == "GIF" else "RGB") for fmt in FORMATS]
+CASES += [
+    ("RGBA", "PNG", "RGBA"),
+    ("RGBA", "TIFF", "RGBA"),
+    ("P", "PNG", "P"),
+    ("P", "GIF", "P"),
+    ("P", "TIFF", "P"),
+    ("LA", "PNG", "LA"),
+    ("LA", "TIFF", "LA"),
+    ("CMYK", "JPEG", "CMYK"),
+    ("CMYK", "TIFF", "CMYK"),
+    ("I;16", "PNG", "I;16"),
+    ("I;16", "TIFF", "I;16"),
+    ("1", "PNG", "1"),
+    ("1", "BMP", "1"),
+    ("F", "TIFF", "F"),
+]
+
+
+@pytest.mark.parametrize(("mode", "fmt", "expected_mode"), CASES, ids=[f"{m}-{f}" for m, f, _ in CASES])
+def test_every_format_and_mode_gives_the_reference_digit(reference, mode, fmt, expected_mode):
+    data = encode(in_mode(mode), fmt)
+    assert opened_mode(data) == expected_mode  # the decoder really hands this mode to the preprocessing
+    assert_model_input(preprocess(data))
+    canvas = to_canvas(data)
+    assert_mnist_canvas(canvas)
+    assert correlation(canvas, reference) > 0.95
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA", "P", "LA", "CMYK", "I;16", "1", "I", "F"])
+def test_pil_image_input_matches_the_same_image_sent_as_bytes(reference, mode):
+    img = in_mode(mode)
+    assert_model_input(preprocess(img))
+    canvas = to_canvas(img)
+    assert_mnist_canvas(canvas)
+    assert correlation(canvas, reference) > 0.95
+    np.testing.assert_array_equal(canvas, to_canvas(encode(img, "TIFF")))  # TIFF stores every one of these modes
+
+
+ALPHA_CASES = {
+    "dark-ink-on-transparent-black": ("RGBA", (0, 0, 0, 255), (0, 0, 0, 0)),
+    "dark-ink-on-transparent-white": ("RGBA", (0, 0, 0, 255), (255, 255, 255, 0)),
+    "light-ink-on-transparent-white": ("RGBA", (255, 255, 255, 255), (255, 255, 255, 0)),
+    "light-ink-on-transparent-black": ("RGBA", (255, 255, 255, 255), (0, 0, 0, 0)),
+    "grey-dark-ink-on-transparent": ("LA", (0, 255), (0, 0)),
+    "grey-light-ink-on-transparent": ("LA", (255, 255), (255, 0)),
+}
+
+
+@pytest.mark.parametrize("case", list(ALPHA_CASES))
+def test_alpha_is_composited_onto_the_colour_that_contrasts_with_the_ink(reference, case):
+    mode, ink, paper = ALPHA_CASES[case]
+    data = encode(draw_seven(mode=mode, ink=ink, paper=paper))
+    assert opened_mode(data) == mode
+    canvas = to_canvas(data)
+    assert_mnist_canvas(canvas)
+    assert np.abs(canvas.astype(int) - reference).max() <= 1
+
+
+def palette_seven_with_transparent_background() -> Image.Image:
+    """Palette image: index 0 (black, transparent) is the background, index 1 (also black) the ink."""
+    img = draw_seven(mode="P", ink=1, paper=0)
+    img.putpalette([0, 0, 0] * 256)
+    return img
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "GIF"])
+def test_palette_transparency_hides_a_background_of_the_ink_colour(reference, fmt):
+    img = palette_seven_with_transparent_background()
+    data = encode(img, fmt, transparency=0)
+    opened = Image.open(io.BytesIO(data))
+    assert opened.mode == "P" and opened.info.get("transparency") == 0
+    canvas = to_canvas(data)
+    assert_mnist_canvas(canvas)
+    assert np.abs(canvas.astype(int) - reference).max() <= 1
+    img.info["transparency"] = 0
+    np.testing.assert_array_equal(to_canvas(img), canvas)
+
+
+@pytest.mark.parametrize(
+    ("ink", "paper"),
+    [(255, 0), (100, 140), (140, 100)],
+    ids=["white-on-black", "dark-grey-on-grey", "light-grey-on-grey"],
+)
+def test_polarity_and_contrast_do_not_change_the_canvas(reference, ink, paper):
+    canvas = to_canvas(encode(draw_seven(ink=ink, paper=paper)))
+    assert np.abs(canvas.astype(int) - reference).max() <= 1
+
+
+def test_off_centre_digit_is_fitted_into_the_20px_box_and_centred_by_mass():
+    img = draw_seven(size=(200, 120), mode="RGBA", ink=(0, 0, 0, 255), paper=(255, 255, 255, 255),
+                     origin=(140, 70), scale=0.75)
+    canvas = to_canvas(encode(img))
+    assert_mnist_canvas(canvas)
+    cy, cx = centre_of_mass(canvas)
+    assert abs(cy - CENTRE) <= 1 and abs(cx - CENTRE) <= 1, (cy, cx)
+    assert max(bounding_box(canvas)) == BOX
+
+
+@pytest.mark.parametrize("size", [(1, 10000), (10000, 1)], ids=["1x10000", "10000x1"])
+def test_extreme_aspect_ratio_line_becomes_a_20px_line(size):
+    img = Image.new("L", size, 255)
+    ImageDraw.Draw(img).line([(0, 4000), (0, 6000)] if size[0] == 1 else [(4000, 0), (6000, 0)], fill=0)
+    canvas = to_canvas(encode(img))
+    assert canvas.dtype == np.uint8 and canvas.shape == (CANVAS, CANVAS)
+    assert sorted(bounding_box(canvas)) == [1, BOX]
+    assert_model_input(preprocess(encode(img)))
+
+
+BLANK_IMAGES = {
+    "white": lambda: Image.new("L", (40, 30), 255),
+    "black": lambda: Image.new("L", (40, 30), 0),
+    "grey-rgb": lambda: Image.new("RGB", (30, 40), (90, 120, 200)),
+    "transparent": lambda: Image.new("RGBA", (32, 32), (0, 0, 0, 0)),
+    "1x1": lambda: Image.new("L", (1, 1), 17),
+}
+
+
+@pytest.mark.parametrize("name", list(BLANK_IMAGES))
+def test_uniform_image_gives_an_all_zero_canvas(name):
+    data = encode(BLANK_IMAGES[name]())
+    np.testing.assert_array_equal(to_canvas(data), np.zeros((CANVAS, CANVAS), np.uint8))
+    np.testing.assert_allclose(preprocess(data), np.full((1, CANVAS, CANVAS), -MEAN / STD, np.float32), rtol=1e-6)
+
+
+def invalid_inputs() -> dict[str, tuple[bytes, str]]:
+    png = encode(draw_seven())
+    jpeg = encode(draw_seven(), "JPEG")
+    return {
+        "empty": (b"", "empty"),
+        "random": (np.random.default_rng(0).bytes(500), "not an image"),
+        "text": (b"hello, I am not a picture\n", "not an image"),
+        "truncated-png": (png[: len(png) // 2], "truncated"),
+        "truncated-jpeg": (jpeg[: len(jpeg) // 2], "truncated"),
+    }
+
+
+@pytest.mark.parametrize("name", list(invalid_inputs()))
+def test_undecodable_input_raises_invalid_image_error_400(name):
+    data, fragment = invalid_inputs()[name]
+    with pytest.raises(InvalidImageError) as excinfo:
+        preprocess(data)
+    assert type(excinfo.value) is InvalidImageError
+    assert excinfo.value.status == 400
+    assert fragment in str(excinfo.value).lower()
+
+
+@pytest.fixture
+def pixel_loads(monkeypatch) -> list[str]:
+    """Records every decode of pixel data by a Pillow file plugin."""
+    calls: list[str] = []
+    original = ImageFile.ImageFile.load
+
+    def spy(self):
+        calls.append(self.format)
+        return original(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", spy)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("data", "pixels"),
+    [
+        (png_with_size(30000, 30000), "900000000"),
+        (bmp_with_size(30000, 30000), "900000000"),
+        (png_with_size(5000, 5000), "25000000"),
+        (png_with_size(4000, DEFAULT_MAX_PIXELS // 4000 + 1), str(4000 * (DEFAULT_MAX_PIXELS // 4000 + 1))),
+    ],
+    ids=["png-30000x30000", "bmp-30000x30000", "png-5000x5000", "png-just-over-default"],
+)
+def test_oversized_header_raises_413_before_decoding_pixels(pixel_loads, data, pixels):
+    with pytest.raises(ImageTooLargeError) as excinfo:
+        preprocess(data)
+    assert excinfo.value.status == 413
+    assert pixels in str(excinfo.value)
+    assert pixel_loads == []
+    decode_image(encode(draw_seven()))
+    assert set(pixel_loads) == {"PNG"}  # the spy does see a real decode
+
+
+def test_max_pixels_limit_is_inclusive_and_configurable():
+    data = encode(draw_seven(size=(100, 50)))
+    assert_model_input(preprocess(data, max_pixels=5000))
+    with pytest.raises(ImageTooLargeError, match="5000 pixels exceeds the limit of 4999"):
+        preprocess(data, max_pixels=4999)
+
+
+@pytest.fixture(scope="module")
+def mnist_digits() -> tuple[np.ndarray, np.ndarray]:
+    """Two real MNIST test digits of each class, raw uint8 28x28."""
+    from training.data.sample import load_mnist_sample
+
+    ds = load_mnist_sample()
+    picks = np.concatenate([np.flatnonzero(ds.test_labels == d)[:2] for d in range(10)])
+    return ds.test_images[picks], ds.test_labels[picks]
+
+
+def test_served_png_equals_the_training_tensor_for_real_mnist_digits(mnist_digits):
+    images, _ = mnist_digits
+    for image in images:
+        png = encode(Image.fromarray(image))
+        expected = normalize(canvases_from_arrays(image[None]))[0]
+        served = preprocess(png)
+        assert served.dtype == expected.dtype
+        np.testing.assert_array_equal(served, expected)
+
+
+def test_training_canvases_are_mnist_canvases(mnist_digits):
+    images, _ = mnist_digits
+    canvases = canvases_from_arrays(images)
+    assert canvases.shape == (len(images), CANVAS, CANVAS) and canvases.dtype == np.uint8
+    for canvas in canvases:
+        assert max(bounding_box(canvas)) == BOX
+        cy, cx = centre_of_mass(canvas)
+        assert abs(cy - CENTRE) <= 1 and abs(cx - CENTRE) <= 1
+
+
+def test_empty_batch_of_arrays_gives_empty_canvases():
+    out = canvases_from_arrays(np.zeros((0, 28, 28), np.uint8))
+    assert out.shape == (0, CANVAS, CANVAS) and out.dtype == np.uint8
+
+
+@pytest.mark.parametrize(
+    "array",
+    [np.zeros((28, 28, 3)), np.zeros(28), np.full((28, 28), np.nan), np.full((28, 28), np.inf)],
+    ids=["3-d", "1-d", "nan", "inf"],
+)
+def test_array_that_is_not_a_finite_2d_image_is_invalid(array):
+    with pytest.raises(InvalidImageError):
+        to_canvas(array)
+
+
+def test_empty_2d_array_is_invalid():
+    with pytest.raises(InvalidImageError):
+        to_canvas(np.zeros((0, 5), np.uint8))
+
+
+def test_normalize_applies_the_mnist_statistics():
+    canvases = np.stack([np.zeros((CANVAS, CANVAS), np.uint8), np.full((CANVAS, CANVAS), 255, np.uint8)])
+    x = normalize(canvases)
+    assert x.shape == (2, 1, CANVAS, CANVAS) and x.dtype == np.float32
+    np.testing.assert_allclose(x[0], -MEAN / STD, rtol=1e-6)
+    np.testing.assert_allclose(x[1], (1 - MEAN) / STD, rtol=1e-6)
+
+
+def lab_tiff() -> bytes:
+    """A well-formed CIELab TIFF (PhotometricInterpretation 8), which Pillow opens as mode LAB."""
+    img = draw_seven().convert("RGB")
+    lab = Image.merge("LAB", (img.getchannel(0), Image.new("L", img.size, 128), Image.new("L", img.size, 128)))
+    return encode(lab, "TIFF")
+
+
+def test_cielab_tiff_is_refused_as_an_invalid_image_not_a_crash():
+    data = lab_tiff()
+    assert opened_mode(data) == "LAB"
+    try:
+        assert_model_input(preprocess(data))
+    except InvalidImageError:
+        pass
+
+
+def test_exif_orientation_is_applied_before_preprocessing(reference):
+    sideways = draw_seven().transpose(Image.Transpose.ROTATE_90)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # viewer rotates 90 degrees clockwise, giving the upright digit back
+    canvas = to_canvas(encode(sideways, "JPEG", exif=exif, quality=95))
+    assert correlation(canvas, reference) > 0.95
+
+
+def seed_images() -> list[bytes]:
+    """Small valid images in every non-TIFF format, the starting points of the corruption fuzzer."""
+    img = draw_seven(size=(16, 16), scale=0.25)
+    return [encode(img.convert(mode), fmt) for fmt in ("PNG", "JPEG", "BMP", "GIF", "WEBP") for mode in ("L", "RGB")]
+
+
+SEEDS = seed_images()
+
+
+@st.composite
+def corrupted_images(draw) -> bytes:
+    data = bytearray(draw(st.sampled_from(SEEDS)))
+    for _ in range(draw(st.integers(0, 6))):
+        data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return bytes(data[: draw(st.integers(0, len(data)))])
+
+
+def assert_valid_or_invalid_image_error(data: bytes) -> None:
+    try:
+        out = preprocess(data)
+    except InvalidImageError as exc:
+        assert str(exc)
+        return
+    assert_model_input(out)
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(st.binary(max_size=512) | st.sampled_from([b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"BM", b"GIF89a"]).flatmap(
+    lambda magic: st.binary(max_size=256).map(lambda tail: magic + tail)))
+def test_random_bytes_raise_only_invalid_image_error(data):
+    assert_valid_or_invalid_image_error(data)
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(corrupted_images())
+def test_corrupted_images_raise_only_invalid_image_error(data):
+    assert_valid_or_invalid_image_error(data)
+
+
+CHANNELS = {"L": 1, "RGB": 3, "RGBA": 4, "P": 1}
+
+
+@st.composite
+def random_images(draw) -> Image.Image:
+    mode = draw(st.sampled_from(sorted(CHANNELS)))
+    width, height = draw(st.integers(1, 64)), draw(st.integers(1, 64))
+    n = width * height * CHANNELS[mode]
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if draw(st.booleans()):
+        raw = rng.bytes(n)
+    else:
+        raw = bytes([draw(st.integers(0, 255))]) * n  # uniform images too
+    img = Image.frombytes(mode, (width, height), raw)
+    if mode == "P":
+        img.putpalette(rng.bytes(768))
+    return img
+
+
+@settings(max_examples=80, deadline=None, database=None)
+@given(random_images(), st.booleans())
+def test_random_valid_images_always_give_a_finite_model_input(img, as_bytes):
+    assert_model_input(preprocess(encode(img) if as_bytes else img))

@@ -1,0 +1,368 @@
+"""Training side: export parity, artifact contents and checksums, indexes, threshold, evaluation,
+determinism, atomic output and the `python -m training` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from handler.artifacts import (
+    CHECKSUMMED,
+    INDEX_FILE,
+    LABELS_FILE,
+    METADATA_FILE,
+    MODEL_FILE,
+    ArtifactError,
+    sha256_file,
+    verify_artifacts,
+)
+from handler.preprocessing import PREPROCESSING_VERSION
+from handler.search import GallerySearcher
+from training import export as export_module
+from training.build import staged_directory
+from training.evaluate import ACCEPT_QUANTILE, calibrate_threshold, evaluate
+from training.export import ExportError, export_torchscript
+from training.index import build_index, recall_at_1
+from training.model import EmbeddingNet
+from training.steps import load_model
+from training.train import TrainConfig, embed, train_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def quiet(_: str) -> None:
+    """A log callback that drops training progress lines."""
+
+
+@pytest.fixture(scope="module")
+def tiny_embeddings(tiny_artifacts, prepared_sample) -> tuple[np.ndarray, np.ndarray]:
+    """(gallery, test) embeddings of the bundled sample from the tiny exported model."""
+    model = load_model(tiny_artifacts / MODEL_FILE)
+    return embed(model, prepared_sample.inputs("train")), embed(model, prepared_sample.inputs("test"))
+
+
+def tiny_searcher(directory: Path, metadata: dict) -> GallerySearcher:
+    """The searcher serving would build from an artifact directory."""
+    return GallerySearcher.from_files(directory / INDEX_FILE, directory / LABELS_FILE, k=metadata["k"],
+                                      threshold=metadata["threshold"],
+                                      search_params=metadata["index"]["search_params"])
+
+
+def test_torchscript_export_matches_eager_and_reloads(tmp_path, prepared_sample):
+    torch.manual_seed(0)
+    model = EmbeddingNet(embedding_dim=16, width=8)  # left in train mode: export must switch to eval
+    sample = prepared_sample.inputs("test")[:64]
+    path = tmp_path / MODEL_FILE
+
+    diff = export_torchscript(model, path, sample)
+
+    assert 0.0 <= diff <= 1e-5
+    reloaded = torch.jit.load(str(path), map_location="cpu")
+    with torch.no_grad():
+        out = reloaded(torch.as_tensor(sample))
+        eager = model(torch.as_tensor(sample))
+    assert out.shape == (64, 16)
+    assert torch.allclose(out, eager, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out.norm(dim=1).numpy(), np.ones(64), atol=1e-5)
+
+
+def test_torchscript_export_parity_failure_raises_and_leaves_no_file(tmp_path, prepared_sample, monkeypatch):
+    monkeypatch.setattr(export_module, "PARITY_TOLERANCE", -1.0)
+    path = tmp_path / MODEL_FILE
+    with pytest.raises(ExportError, match="differs from eager"):
+        export_torchscript(EmbeddingNet(embedding_dim=8, width=4), path, prepared_sample.inputs("test")[:8])
+    assert not path.exists()
+
+
+def test_tiny_artifacts_hold_every_file_and_verify(tiny_artifacts):
+    for name in (MODEL_FILE, INDEX_FILE, LABELS_FILE, METADATA_FILE):
+        assert (tiny_artifacts / name).is_file(), name
+    metadata = verify_artifacts(tiny_artifacts)
+    assert metadata == json.loads((tiny_artifacts / METADATA_FILE).read_text())
+
+
+def test_tiny_metadata_records_data_model_threshold_versions_and_checksums(tiny_artifacts, tiny_embeddings):
+    metadata = json.loads((tiny_artifacts / METADATA_FILE).read_text())
+    assert metadata["dataset"]["train"] == 4000
+    assert metadata["dataset"]["test"] == 1000
+    assert metadata["dataset"]["classes"] == [str(d) for d in range(10)]
+    index = faiss.read_index(str(tiny_artifacts / INDEX_FILE))
+    assert metadata["embedding_dim"] == 32 == index.d == tiny_embeddings[0].shape[1]
+    assert index.ntotal == 4000 == len(json.loads((tiny_artifacts / LABELS_FILE).read_text()))
+    assert metadata["preprocessing"]["version"] == PREPROCESSING_VERSION
+    assert metadata["threshold"] > 0
+    assert metadata["metrics"]["accuracy"] > 0.9
+    assert metadata["versions"]["torch"] == torch.__version__
+    assert metadata["versions"]["faiss"] == faiss.__version__
+    assert set(metadata["sha256"]) == set(CHECKSUMMED)
+    for name in CHECKSUMMED:
+        assert metadata["sha256"][name] == sha256_file(tiny_artifacts / name), name
+
+
+def flip_byte_in_index(directory: Path) -> None:
+    path = directory / INDEX_FILE
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def replace_labels(directory: Path) -> None:
+    path = directory / LABELS_FILE
+    labels = json.loads(path.read_text())
+    path.write_text(json.dumps(labels[::-1]))
+
+
+@pytest.mark.parametrize(("tamper", "named"), [(flip_byte_in_index, INDEX_FILE), (replace_labels, LABELS_FILE)])
+def test_tampered_artifact_fails_verification_naming_the_file(tmp_path, tiny_artifacts, tamper, named):
+    copy = tmp_path / "artifacts"
+    shutil.copytree(tiny_artifacts, copy)
+    verify_artifacts(copy)
+    tamper(copy)
+    with pytest.raises(ArtifactError, match=named.replace(".", r"\.")) as excinfo:
+        verify_artifacts(copy)
+    assert "\n" not in str(excinfo.value)
+
+
+def test_missing_checksummed_file_fails_verification(tmp_path, tiny_artifacts):
+    copy = tmp_path / "artifacts"
+    shutil.copytree(tiny_artifacts, copy)
+    (copy / MODEL_FILE).unlink()
+    with pytest.raises(ArtifactError, match=r"model\.pt: missing"):
+        verify_artifacts(copy)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_index_types_index_the_gallery_and_find_exact_neighbours(tiny_embeddings, kind):
+    gallery, test = tiny_embeddings
+    index = build_index(gallery, kind, seed=0)
+    assert index.ntotal == len(gallery)
+    assert index.d == gallery.shape[1]
+    recall = recall_at_1(index, gallery, test)
+    assert recall >= (1.0 if kind == "flat" else 0.95)
+
+
+def test_unknown_index_type_is_rejected(tiny_embeddings):
+    with pytest.raises(ValueError, match="bogus"):
+        build_index(tiny_embeddings[0], "bogus")
+
+
+@pytest.mark.parametrize("quantile", [0.5, 0.9, ACCEPT_QUANTILE])
+def test_calibrate_threshold_returns_requested_quantile(quantile):
+    distances = np.random.default_rng(0).permutation(np.arange(1, 1001) / 1000.0)
+    threshold = calibrate_threshold(distances, quantile)
+    assert threshold == pytest.approx(quantile, abs=1e-3)
+    assert abs(np.mean(distances <= threshold) - quantile) <= 1e-3
+
+
+def test_calibrate_threshold_defaults_to_accept_quantile():
+    distances = np.linspace(0.0, 2.0, 201)
+    assert calibrate_threshold(distances) == pytest.approx(2.0 * ACCEPT_QUANTILE)
+
+
+def test_stored_threshold_accepts_held_out_digits(tiny_artifacts, tiny_embeddings):
+    metadata = verify_artifacts(tiny_artifacts)
+    answers = tiny_searcher(tiny_artifacts, metadata).classify(tiny_embeddings[1])
+    known = np.mean([not a["unknown"] for a in answers])
+    assert known >= 0.99
+
+
+def test_evaluate_confusion_matrix_matches_accuracy(tiny_artifacts, tiny_embeddings, prepared_sample):
+    metadata = verify_artifacts(tiny_artifacts)
+    result = evaluate(tiny_searcher(tiny_artifacts, metadata), tiny_embeddings[1], prepared_sample.test_y,
+                      prepared_sample.classes)
+    matrix = np.array(result["confusion_matrix"])
+    assert matrix.shape == (10, 10)
+    assert matrix.sum() == len(prepared_sample.test_y) == 1000
+    assert np.trace(matrix) / matrix.sum() == pytest.approx(result["accuracy"])
+    assert result["accuracy"] == pytest.approx(metadata["metrics"]["accuracy"])
+    assert set(result["per_class"]) == set(prepared_sample.classes)
+    for i, name in enumerate(prepared_sample.classes):
+        stats = result["per_class"][name]
+        assert 0.0 <= stats["precision"] <= 1.0
+        assert 0.0 <= stats["recall"] <= 1.0
+        assert stats["support"] == matrix[i].sum()
+        assert stats["recall"] == pytest.approx(matrix[i, i] / matrix[i].sum())
+    assert len(result["top1_distances"]) == 1000
+
+
+def small_run(prepared_sample, seed: int) -> tuple[EmbeddingNet, np.ndarray]:
+    """One epoch on 512 train / 256 test canvases; returns the model and its test embeddings."""
+    config = TrainConfig(epochs=1, embedding_dim=16, width=8, seed=seed)
+    test_x = prepared_sample.inputs("test")[:256]
+    model, history = train_model(prepared_sample.inputs("train")[:512], prepared_sample.train_y[:512], test_x,
+                                 prepared_sample.test_y[:256], len(prepared_sample.classes), config, 5, quiet)
+    assert [h["epoch"] for h in history.epochs] == [1]
+    return model, embed(model, test_x)
+
+
+def test_training_is_deterministic_for_a_seed(prepared_sample):
+    first_model, first = small_run(prepared_sample, seed=3)
+    second_model, second = small_run(prepared_sample, seed=3)
+    assert np.array_equal(first, second)
+    for (name, a), (_, b) in zip(first_model.state_dict().items(), second_model.state_dict().items()):
+        assert torch.equal(a, b), name
+    other_model, other = small_run(prepared_sample, seed=4)
+    assert not all(torch.equal(a, b) for a, b in zip(first_model.state_dict().values(),
+                                                     other_model.state_dict().values()))
+    assert not np.array_equal(first, other)
+
+
+def leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_staged_directory_keeps_previous_output_on_failure(tmp_path, error):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with pytest.raises(error):
+        with staged_directory(out) as staging:
+            assert staging.parent == out.parent and staging.is_dir()
+            (staging / "new.txt").write_text("new")
+            raise error("boom")
+    assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
+    assert (out / "old.txt").read_text() == "old"
+    assert leftovers(tmp_path) == []
+
+
+def test_staged_directory_replaces_output_on_success(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with staged_directory(out) as staging:
+        (staging / "new.txt").write_text("new")
+        assert (out / "old.txt").read_text() == "old"
+    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+    assert (out / "new.txt").read_text() == "new"
+    assert leftovers(tmp_path) == []
+
+
+def test_staged_directory_keeps_previous_output_when_interrupted_between_renames(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    real_replace, calls = os.replace, []
+
+    def replace_interrupted_on_second_call(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr("training.build.os.replace", replace_interrupted_on_second_call)
+    with pytest.raises(KeyboardInterrupt):
+        with staged_directory(out) as staging:
+            (staging / "new.txt").write_text("new")
+    assert len(calls) >= 2  # the interrupted rename happened; the restore is a further call
+    assert out.is_dir()
+    assert (out / "old.txt").read_text() == "old"
+    assert leftovers(tmp_path) == []
+
+
+def test_staged_directory_creates_missing_output(tmp_path):
+    out = tmp_path / "nested" / "out"
+    with staged_directory(out) as staging:
+        (staging / "new.txt").write_text("new")
+    assert (out / "new.txt").read_text() == "new"
+    assert leftovers(out.parent) == []
+
+
+def run_cli(*args: str, threads_env: str = "1") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "training", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": threads_env}, timeout=300)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "error:" in line]
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["--epochs", "0"], "--epochs"),
+    (["--epochs", "abc"], "--epochs"),
+    (["--index", "bogus"], "--index"),
+])
+def test_cli_rejects_bad_arguments_with_usage_error(tmp_path, args, option):
+    result = run_cli(*args, "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1
+    assert lines[0].startswith("python -m training: error: argument " + option)
+    assert result.stderr.strip().splitlines()[-1] == lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_missing_idx_directory_is_a_one_line_error_and_writes_nothing(tmp_path):
+    result = run_cli("--data", "idx:/nonexistent", "--out", str(tmp_path / "out"), "--no-plots")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("training: error: ")
+    assert "/nonexistent" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("threads_env", ["4,2", "0"])
+def test_cli_survives_unusual_omp_num_threads(tmp_path, threads_env):
+    result = run_cli("--data", "idx:/nonexistent", "--out", str(tmp_path / "out"), threads_env=threads_env)
+    assert "Traceback" not in result.stderr
+    assert result.returncode in (1, 2)
+    assert "error:" in result.stderr.strip().splitlines()[-1]
+    assert list(tmp_path.iterdir()) == []
+
+
+def shape_image(kind: str, i: int) -> Image.Image:
+    """A dark shape on white paper; ``i`` moves and resizes it a little."""
+    img = Image.new("L", (48, 48), 255)
+    draw = ImageDraw.Draw(img)
+    d = i % 4
+    if kind == "a":
+        draw.ellipse((8 + d, 6, 36 + d, 42 - d), outline=0, width=4)
+    elif kind == "b":
+        draw.line((24 + d, 4, 24 + d, 44), fill=0, width=5)
+        draw.line((8, 24 - d, 40, 24 - d), fill=0, width=5)
+    else:
+        draw.polygon([(24, 4 + d), (6 + d, 42), (42 - d, 42)], outline=0, width=4)
+    return img
+
+
+def test_cli_trains_on_image_folder_end_to_end(tmp_path):
+    root = tmp_path / "shapes"
+    for label in ("a", "b", "c"):
+        (root / label).mkdir(parents=True)
+        for i in range(12):
+            shape_image(label, i).save(root / label / f"{i:02d}.png")
+    out = tmp_path / "build" / "out"
+    out.mkdir(parents=True)
+    (out / "stale.txt").write_text("from a previous build")
+
+    result = run_cli("--data", f"folder:{root}", "--epochs", "1", "--embedding-dim", "8", "--no-plots",
+                     "--out", str(out))
+
+    assert result.returncode == 0, result.stderr
+    assert "accuracy" in result.stdout
+    metadata = verify_artifacts(out)
+    labels = json.loads((out / LABELS_FILE).read_text())
+    assert sorted(set(labels)) == ["a", "b", "c"]
+    assert len(labels) == 30  # 12 per class, round(12 * 0.2) = 2 of each held out
+    assert metadata["dataset"] == {"name": "shapes", "train": 30, "test": 6, "classes": ["a", "b", "c"]}
+    assert metadata["embedding_dim"] == 8
+    assert metadata["training"]["config"]["epochs"] == 1
+    assert not (out / "stale.txt").exists()
+    assert not list(out.glob("*.png"))
+    assert leftovers(out.parent) == []
+    searcher = tiny_searcher(out, metadata)
+    model = load_model(out / MODEL_FILE)
+    assert embed(model, np.zeros((2, 1, 28, 28), np.float32)).shape == (2, 8)
+    assert searcher.classify(embed(model, np.zeros((1, 1, 28, 28), np.float32)))[0]["pred"] in {"a", "b", "c"}
