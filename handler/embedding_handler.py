@@ -15,7 +15,7 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.artifacts import ArtifactError
 from handler.preprocessing import DEFAULT_MAX_PIXELS
 from handler.requests import RequestError, decode_request
-from handler.service import EmbeddingService
+from handler.service import EmbeddingService, record_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +72,12 @@ class EmbeddingHandler(BaseHandler):
     def handle(self, data, context):
         self.context = context
         answers, timings = self.inference(self.preprocess(data))
-        logger.info("batch=%d rejected=%d unknown=%d preprocess_ms=%.2f embed_ms=%.2f search_ms=%.2f pid=%d",
+        ids = ",".join((context.request_ids or {}).values())
+        logger.info("batch=%d rejected=%d unknown=%d preprocess_ms=%.2f embed_ms=%.2f search_ms=%.2f pid=%d ids=%s",
                     len(data), timings.rejected, timings.unknown, 1e3 * timings.preprocess,
-                    1e3 * timings.embed, 1e3 * timings.search, os.getpid())
+                    1e3 * timings.embed, 1e3 * timings.search, os.getpid(), ids)
+        if context.metrics is not None:
+            record_metrics(context.metrics, len(data), timings)
         return self.postprocess((answers, timings))
 
     def _content_types(self, idx: int, row) -> dict[str, str]:

@@ -31,6 +31,27 @@ class BatchTimings:
     top1: list[float] = field(default_factory=list)
 
 
+#: Custom metrics the handler emits per batch (on the Prometheus endpoint with model_metrics_auto_detect).
+METRIC_NAMES = ("EmbeddingPreprocessMs", "EmbeddingInferenceMs", "EmbeddingSearchMs", "EmbeddingBatchSize",
+                "EmbeddingTop1Distance", "EmbeddingUnknownAnswers", "EmbeddingRejectedInputs")
+
+
+def record_metrics(metrics: Any, batch_size: int, timings: BatchTimings) -> None:
+    """Write one batch's figures to TorchServe's metrics cache (ts.metrics.metric_cache_abstract API)."""
+    from ts.metrics.metric_type_enum import MetricTypes
+
+    preprocess_ms, inference_ms, search_ms = (1e3 * timings.preprocess, 1e3 * timings.embed, 1e3 * timings.search)
+    metrics.add_time("EmbeddingPreprocessMs", preprocess_ms)
+    metrics.add_time("EmbeddingInferenceMs", inference_ms)
+    metrics.add_time("EmbeddingSearchMs", search_ms)
+    metrics.add_metric("EmbeddingBatchSize", batch_size, "count", metric_type=MetricTypes.GAUGE)
+    if timings.top1:
+        metrics.add_metric("EmbeddingTop1Distance", float(np.mean(timings.top1)), "distance",
+                           metric_type=MetricTypes.GAUGE)
+    metrics.add_counter("EmbeddingUnknownAnswers", timings.unknown)
+    metrics.add_counter("EmbeddingRejectedInputs", timings.rejected)
+
+
 def error_answer(exc: RequestError | InvalidImageError) -> dict[str, Any]:
     return {"error": str(exc), "status": exc.status}
 
