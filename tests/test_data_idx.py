@@ -36,7 +36,14 @@ def test_load_dataset_idx_prefix_and_bare_directory(tmp_path):
     make_idx_dir(tmp_path / "Fashion", n_train=12, n_test=10)
     for source in (f"idx:{tmp_path / 'Fashion'}", str(tmp_path / "Fashion")):
         ds = load_dataset(source)
-        assert ds.summary() == {"name": "fashion-mnist", "train": 12, "test": 10, "classes": list("0123456789")}
+        assert ds.summary()["name"] == "fashion-mnist" and (ds.summary()["train"], ds.summary()["test"]) == (12, 10)
+        assert ds.classes[0] == "T-shirt/top" and ds.classes[9] == "Ankle boot"
+    assert load_dataset(f"idx:{tmp_path / 'Fashion'}").classes == load_idx_dir(tmp_path / "Fashion").classes
+
+
+def test_plain_mnist_directory_has_digit_classes(tmp_path):
+    make_idx_dir(tmp_path / "mnist", n_train=12, n_test=10)
+    assert load_dataset(f"idx:{tmp_path / 'mnist'}").classes == tuple("0123456789")
 
 
 def test_dot_spelling_is_accepted(tmp_path):

@@ -22,6 +22,9 @@ LABELS_MAGIC = 0x00000801  # uint8, 1 dimension (N,)
 _KIND = {IMAGES_MAGIC: "images", LABELS_MAGIC: "labels"}
 _CHUNK = 1 << 20
 CLASSES = tuple(str(d) for d in range(10))
+#: Fashion-MNIST's label names, in label order (Zalando's README).
+FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                   "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 #: Split name -> file-name prefix, as the MNIST distribution spells them.
 SPLITS = {"train": "train", "test": "t10k"}
 
@@ -61,13 +64,14 @@ def load_idx_dir(path: Path, name: str | None = None) -> Dataset:
         labels = read_idx(files[f"{prefix}-labels"], LABELS_MAGIC)
         _check_split(files[f"{prefix}-images"], images, files[f"{prefix}-labels"], labels)
         arrays[split] = (images, labels.astype(np.int64))
+    name = name or ("fashion-mnist" if "fashion" in str(path).lower() else "mnist")
     return Dataset(
-        name=name or ("fashion-mnist" if "fashion" in str(path).lower() else "mnist"),
+        name=name,
         train_images=arrays["train"][0],
         train_labels=arrays["train"][1],
         test_images=arrays["test"][0],
         test_labels=arrays["test"][1],
-        classes=CLASSES,
+        classes=FASHION_CLASSES if name == "fashion-mnist" else CLASSES,
     )
 
 
