@@ -39,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (replaced atomically)")
     p.add_argument("--epochs", type=_positive_int, default=defaults.epochs)
     p.add_argument("--embedding-dim", type=_positive_int, default=defaults.embedding_dim)
+    p.add_argument("--width", type=_positive_int, default=defaults.width, help="channels of the first conv block")
     p.add_argument("--batch-size", type=_positive_int, default=defaults.batch_size)
     p.add_argument("--lr", type=float, default=defaults.lr)
     p.add_argument("--seed", type=int, default=defaults.seed)
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     from .data import DataError
     from .export import ExportError
 
-    config = TrainConfig(epochs=args.epochs, embedding_dim=args.embedding_dim, batch_size=args.batch_size,
+    config = TrainConfig(epochs=args.epochs, embedding_dim=args.embedding_dim, width=args.width,
+                         batch_size=args.batch_size,
                          lr=args.lr, seed=args.seed)
     try:
         metadata = build_artifacts(args.data, args.out, config, args.index, args.k, args.cache_dir,
