@@ -3,7 +3,8 @@
 Accepted forms:
 - raw image bytes as the body (``curl --data-binary @digit.png`` or ``curl -T digit.png``),
 - a multipart form with the image in a file field (``curl -F data=@digit.png``),
-- JSON ``{"data": "<base64 image>"}`` with ``Content-Type: application/json``.
+- JSON ``{"data": "<base64 image>"}`` with ``Content-Type: application/json``,
+- a row ``{"data": "<base64 image>"}`` as KServe's v1/v2 envelopes pass each instance.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def decode_request(row: Mapping[str, Any], content_types: Mapping[str, str] | No
                 raise RequestError("empty body: send an image")
             return bytes(value)
         raise RequestError("unsupported request body")
+    if isinstance(row.get("data"), str):  # KServe v1/v2 envelopes hand over {"data": "<base64>"}
+        return _from_json(row)
     files = {name: value for name, value in row.items() if isinstance(value, (bytes, bytearray))}
     for name in FORM_FIELDS:
         if name in files:

@@ -66,8 +66,17 @@ class Instance:
             return None
         return pid if psutil.pid_exists(pid) and _is_torchserve(pid) else None
 
+    @property
+    def token_auth(self) -> bool:
+        return read_properties(self.config).get("disable_token_authorization", "false").lower() != "true"
+
     def keys(self) -> dict[str, str]:
-        """Current tokens from key_file.json: {"inference": ..., "management": ..., "API": ...}."""
+        """Current tokens from key_file.json: {"inference": ..., "management": ..., "API": ...}.
+
+        Empty when the config turns token authorization off (KServe puts auth at its ingress).
+        """
+        if not self.token_auth:
+            return {}
         try:
             data = json.loads(self.key_file.read_text())
         except (OSError, json.JSONDecodeError) as exc:

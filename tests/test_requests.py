@@ -128,3 +128,10 @@ def test_request_error_defaults_to_400_and_keeps_its_message():
     assert error.status == 400 and str(error) == "bad thing"
     assert isinstance(error, ValueError)
     assert RequestError("too big", status=413).status == 413
+
+
+def test_kserve_envelope_row_with_base64_string_is_decoded():
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 8
+    assert decode_request({"data": base64.b64encode(png).decode()}) == png
+    with pytest.raises(RequestError, match="base64"):
+        decode_request({"data": "%%%"})

@@ -1,0 +1,138 @@
+"""KFP v2 lightweight components: thin wrappers over the project's plain functions.
+
+KFP ships each function's source on its own, so every import is inside the body; the
+project itself must be importable where the task runs (the project image sets PYTHONPATH,
+`python -m pipeline run-local` puts the repository on PYTHONPATH).
+"""
+
+import os
+
+from kfp import dsl
+from kfp.dsl import Artifact, ClassificationMetrics, Dataset, Input, Markdown, Metrics, Model, Output
+
+DEFAULT_PIPELINE_IMAGE = "ghcr.io/example/mnist-embedding:0.1.0"
+#: Image every task runs in on a cluster; read when this module is imported (at compile time).
+PIPELINE_IMAGE = os.environ.get("PIPELINE_IMAGE") or DEFAULT_PIPELINE_IMAGE
+
+component = dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False, packages_to_install=[])
+
+
+@component
+def load_data(source: str, dataset: Output[Dataset]) -> None:
+    """Load and validate a data source; write the preprocessed canvases as .npz."""
+    from pathlib import Path
+
+    from training.steps import prepare_data
+
+    data = prepare_data(source)
+    data.save(Path(dataset.path))
+    dataset.metadata.update({"format": "npz", **data.summary()})
+
+
+@component
+def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, seed: int, k: int,
+          model: Output[Model]) -> None:
+    """Train the embedding network; the output directory holds model.pt and train.json."""
+    from pathlib import Path
+
+    from training.steps import PreparedData, train_and_export
+    from training.train import TrainConfig
+
+    out = Path(model.path)
+    out.mkdir(parents=True, exist_ok=True)
+    config = TrainConfig(epochs=epochs, embedding_dim=embedding_dim, width=width, seed=seed)
+    info = train_and_export(PreparedData.load(Path(dataset.path)), config, out, k)
+    model.metadata.update({"framework": "torchscript", "train_seconds": info["train_seconds"],
+                           "knn_accuracy": info["history"][-1]["knn_accuracy"]})
+
+
+@component
+def build_index(dataset: Input[Dataset], model: Input[Model], index_type: str, seed: int,
+                artifacts: Output[Model]) -> None:
+    """Embed the training split into a FAISS gallery beside a copy of the model."""
+    import shutil
+    from pathlib import Path
+
+    from training.steps import PreparedData, build_gallery
+
+    shutil.copytree(model.path, artifacts.path, dirs_exist_ok=True)
+    info = build_gallery(PreparedData.load(Path(dataset.path)), Path(artifacts.path), index_type, seed)
+    artifacts.metadata.update({"index_type": index_type, "gallery_size": info["size"], "dim": info["dim"]})
+
+
+@component
+def evaluate(dataset: Input[Dataset], artifacts: Input[Model], k: int, evaluated: Output[Model],
+             metrics: Output[Metrics], confusion: Output[ClassificationMetrics],
+             report: Output[Markdown]) -> float:
+    """Evaluate with the serving searcher, calibrate the threshold, write metadata.json and a report.
+
+    Returns the held-out accuracy (output `Output`: kfp.local resolves only that name in conditions).
+    """
+    import json
+    import shutil
+    from pathlib import Path
+
+    from pipeline.report import render_report
+    from training.steps import METRICS_FILE, TRAIN_FILE, PreparedData, evaluate_and_finalize
+
+    out = Path(evaluated.path)
+    shutil.copytree(artifacts.path, out, dirs_exist_ok=True)
+    data = PreparedData.load(Path(dataset.path))
+    metadata = evaluate_and_finalize(data, out, k)
+    result = json.loads((out / METRICS_FILE).read_text())
+    history = json.loads((out / TRAIN_FILE).read_text())["history"]
+    accuracy = metadata["metrics"]["accuracy"]
+    metrics.log_metric("accuracy", accuracy)
+    metrics.log_metric("threshold", metadata["threshold"])
+    metrics.log_metric("open_set_rejection", metadata["metrics"]["open_set_rejection"])
+    confusion.log_confusion_matrix(list(data.classes), result["confusion_matrix"])
+    Path(report.path).write_text(render_report(metadata, result, history))
+    evaluated.metadata.update({"accuracy": accuracy, "threshold": metadata["threshold"]})
+    return accuracy
+
+
+@component
+def archive(artifacts: Input[Model], model_name: str, model_version: str, mar: Output[Model]) -> None:
+    """Pack the verified artifacts into `<model_name>.mar`; the output directory is a model store."""
+    from pathlib import Path
+
+    from handler.artifacts import read_metadata, sha256_file
+    from serving.archive import build_mar
+
+    path = build_mar(Path(artifacts.path), Path(mar.path), model_name, model_version)
+    mar.metadata.update({"model_name": model_name, "version": model_version, "mar_name": path.name,
+                         "sha256": sha256_file(path), "size_bytes": path.stat().st_size,
+                         "accuracy": read_metadata(Path(artifacts.path))["metrics"]["accuracy"]})
+
+
+@component
+def deploy_local(mar: Input[Model], model_name: str, workdir: str, config: str, timeout_s: float = 180.0) -> str:
+    """(Re)start the local TorchServe of `workdir` with the new archive; returns the inference URL."""
+    from pathlib import Path
+
+    from pipeline.local_serving import serve_archive
+
+    instance = serve_archive(Path(mar.path), model_name, workdir, config, timeout_s)
+    url = f"{instance.endpoints.inference}/predictions/{model_name}"
+    print(f"TorchServe READY: {url} (tokens in {instance.key_file})")
+    return url
+
+
+@component
+def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storage_uri: str, model_uri: str,
+                  namespace: str, service_name: str, protocol: str, runtime: str, service_account: str,
+                  dry_run: bool, manifest: Output[Artifact]) -> str:
+    """Publish the KServe model store and create or patch the InferenceService; returns its URL."""
+    import json
+    from pathlib import Path
+
+    from pipeline.kserve import KServeTarget, deploy
+
+    target = KServeTarget(storage_uri=storage_uri, model_uri=model_uri, namespace=namespace,
+                          service_name=service_name, protocol=protocol, runtime=runtime,
+                          service_account=service_account)
+    result = deploy(Path(mar.path) / f"{model_name}.mar", model_name, model_version, target, dry_run)
+    Path(manifest.path).write_text(json.dumps(result.manifest, indent=2))
+    manifest.metadata.update({"storage": result.location, "applied": not dry_run, "url": result.url})
+    print(json.dumps(result.manifest, indent=2))
+    return result.url

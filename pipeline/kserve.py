@@ -1,0 +1,305 @@
+"""Deploy target `kserve`: the model store KServe's TorchServe runtime reads, and the InferenceService.
+
+KServe's storage initializer copies `storageUri` to /mnt/models; the TorchServe runtime then runs
+`torchserve --model-store=/mnt/models/model-store --ts-config=/mnt/models/config/config.properties`
+and forwards requests to port 8085. So each version is written as
+
+    <storage_uri>/<version>/config/config.properties
+    <storage_uri>/<version>/model-store/<model_name>.mar
+
+and rolling forward means writing the next version beside it and patching the same
+InferenceService's storageUri, which makes KServe start a new revision and shift traffic once it is Ready.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from serving.config import CONFIG_FILE, MODEL_CONFIG_FILE, read_properties, write_properties
+
+from .isvc_schema import SchemaError, validate
+
+GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
+PROTOCOLS = ("v1", "v2")
+INFERENCE_PORT = 8085
+METRICS_PORT = 8082
+CONFIG_PATH = "config/config.properties"
+STORE_DIR = "model-store"
+MODEL_STORE_MOUNT = "/mnt/models/model-store"
+SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
+#: Settings of the project's config.properties that hold inside the cluster too (limits, metrics format).
+CARRIED = ("max_request_size", "max_response_size", "limit_max_image_pixels", "job_queue_size",
+           "default_response_timeout", "vmargs", "metrics_mode", "enable_model_api")
+
+
+class KServeError(Exception):
+    """One-line reason the model could not be published or served by KServe."""
+
+
+@dataclass(frozen=True)
+class KServeTarget:
+    """Where the model store goes and how the InferenceService looks."""
+
+    storage_uri: str
+    model_uri: str = ""
+    namespace: str = "default"
+    service_name: str = ""
+    protocol: str = "v1"
+    runtime: str = ""
+    service_account: str = ""
+    cpu: str = "1"
+    memory: str = "2Gi"
+    timeout_s: float = 600.0
+    poll_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class Deployment:
+    location: str
+    manifest: dict
+    url: str
+
+
+def model_snapshot(model_name: str, version: str, model_config: Path = MODEL_CONFIG_FILE) -> dict:
+    """TorchServe's startup snapshot: the runtime loads exactly the models listed here."""
+    settings = yaml.safe_load(Path(model_config).read_text()) or {}
+    missing = [key for key in SNAPSHOT_KEYS if key not in settings]
+    if missing:
+        raise KServeError(f"{model_config}: missing {', '.join(missing)}")
+    entry = {"defaultVersion": True, "marName": f"{model_name}.mar", **{key: settings[key] for key in SNAPSHOT_KEYS}}
+    return {"name": "startup.cfg", "modelCount": 1, "models": {model_name: {version: entry}}}
+
+
+def runtime_properties(model_name: str, version: str, base_config: Path = CONFIG_FILE,
+                       model_config: Path = MODEL_CONFIG_FILE) -> dict[str, str]:
+    """config.properties for the runtime pod.
+
+    Token authorization is off: the runtime's request path cannot present the keys TorchServe
+    generates inside the pod, so access control belongs to KServe's ingress (e.g. Istio policies).
+    """
+    base = read_properties(base_config)
+    props = {key: base[key] for key in CARRIED if key in base}
+    props.update({
+        "inference_address": f"http://0.0.0.0:{INFERENCE_PORT}",
+        "management_address": f"http://0.0.0.0:{INFERENCE_PORT + 1}",
+        "metrics_address": f"http://0.0.0.0:{METRICS_PORT}",
+        "enable_envvars_config": "true",
+        "install_py_dep_per_model": "false",
+        "disable_token_authorization": "true",
+        "model_store": MODEL_STORE_MOUNT,
+        "model_snapshot": json.dumps(model_snapshot(model_name, version, model_config), separators=(",", ":")),
+    })
+    return props
+
+
+def stage_layout(mar: Path, model_name: str, version: str, out: Path) -> None:
+    """Write config/config.properties and model-store/<model_name>.mar under `out`."""
+    (out / "config").mkdir(parents=True, exist_ok=True)
+    (out / STORE_DIR).mkdir(exist_ok=True)
+    write_properties(runtime_properties(model_name, version), out / CONFIG_PATH)
+    shutil.copy2(mar, out / STORE_DIR / f"{model_name}.mar")
+
+
+def versioned(uri: str, version: str) -> str:
+    return f"{uri.rstrip('/')}/{version}"
+
+
+def _local_path(location: str) -> Path | None:
+    parts = urlsplit(location)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise KServeError(f"{location}: file:// URIs must name a local path (file:///dir)")
+        return Path(parts.path)
+    return Path(location) if not parts.scheme else None
+
+
+def publish(staging: Path, location: str) -> None:
+    """Copy the staged layout to a local path, file://, gs:// or s3:// location (replacing that version)."""
+    local = _local_path(location)
+    if local is not None:
+        local = local.resolve()
+        local.parent.mkdir(parents=True, exist_ok=True)
+        partial = local.parent / f".{local.name}.partial-{uuid.uuid4().hex[:8]}"
+        shutil.copytree(staging, partial)
+        if local.exists():
+            shutil.rmtree(local)
+        os.replace(partial, local)
+        return
+    parts = urlsplit(location)
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    keys = [f"{parts.path.strip('/')}/{p.relative_to(staging).as_posix()}".lstrip("/") for p in files]
+    if parts.scheme == "gs":
+        _upload_gcs(parts.netloc, files, keys)
+    elif parts.scheme == "s3":
+        _upload_s3(parts.netloc, files, keys)
+    else:
+        raise KServeError(f"cannot write to {parts.scheme}:// storage: use a path, file://, gs:// or s3:// "
+                          "(for pvc://, mount the claim in the task, pass the mount path as storage_uri "
+                          "and pvc://<claim>/<dir> as model_uri)")
+
+
+def _upload_gcs(bucket_name: str, files: list[Path], keys: list[str]) -> None:
+    try:
+        from google.cloud import storage
+    except ImportError:
+        raise KServeError("gs:// storage needs google-cloud-storage (pip install google-cloud-storage)") from None
+    import google.auth.exceptions
+
+    try:
+        bucket = storage.Client().bucket(bucket_name)
+        for path, key in zip(files, keys, strict=True):
+            bucket.blob(key).upload_from_filename(str(path))
+    except google.auth.exceptions.DefaultCredentialsError as exc:
+        raise KServeError(f"no Google credentials for gs://{bucket_name}: {exc}") from None
+
+
+def _upload_s3(bucket_name: str, files: list[Path], keys: list[str]) -> None:
+    try:
+        import boto3
+    except ImportError:
+        raise KServeError("s3:// storage needs boto3 (pip install boto3) and credentials: AWS_ACCESS_KEY_ID/"
+                          "AWS_SECRET_ACCESS_KEY (plus AWS_ENDPOINT_URL for MinIO) or the pod's IAM role") from None
+    client = boto3.client("s3")
+    for path, key in zip(files, keys, strict=True):
+        client.upload_file(str(path), bucket_name, key)
+
+
+def service_name_for(model_name: str) -> str:
+    """A DNS-1035 InferenceService name from a model name ('my_model' -> 'my-model')."""
+    name = re.sub(r"[^a-z0-9-]+", "-", model_name.lower()).strip("-")
+    return name if name[:1].isalpha() else f"m-{name}"
+
+
+def inference_service(name: str, namespace: str, storage_uri: str, protocol: str, model_name: str, version: str,
+                      runtime: str = "", service_account: str = "", cpu: str = "1", memory: str = "2Gi") -> dict:
+    """The InferenceService manifest, checked against the schema of the fields it uses."""
+    resources = {"cpu": cpu, "memory": memory}
+    model: dict[str, Any] = {
+        "modelFormat": {"name": "pytorch"},
+        "protocolVersion": protocol,
+        "storageUri": storage_uri,
+        # Two single-threaded workers (model-config.yaml) instead of threads oversubscribing the CPU limit.
+        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+    }
+    if runtime:
+        model["runtime"] = runtime
+    predictor: dict[str, Any] = {"minReplicas": 1, "model": model}
+    if service_account:
+        predictor["serviceAccountName"] = service_account
+    manifest = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"app.kubernetes.io/name": model_name, "app.kubernetes.io/version": version}},
+        "spec": {"predictor": predictor},
+    }
+    try:
+        validate(manifest)
+    except SchemaError as exc:
+        raise KServeError(f"invalid InferenceService: {exc}") from None
+    return manifest
+
+
+def _custom_objects_api() -> Any:
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, OSError) as exc:
+            raise KServeError(f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}") from None
+    return client.CustomObjectsApi()
+
+
+def _predictor_status(obj: dict) -> dict:
+    return ((obj.get("status") or {}).get("components") or {}).get("predictor") or {}
+
+
+def apply(manifest: dict, timeout_s: float = 600.0, api: Any = None, poll_s: float = 5.0) -> dict:
+    """Create the InferenceService, or merge-patch the existing one, then wait until it serves the new spec."""
+    from kubernetes.client.exceptions import ApiException
+
+    api = api or _custom_objects_api()
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    where = (GROUP, VERSION, namespace, PLURAL)
+    try:
+        try:
+            existing = api.get_namespaced_custom_object(*where, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            existing = None
+        previous = None
+        if existing is None:
+            api.create_namespaced_custom_object(*where, manifest)
+        else:
+            patched = api.patch_namespaced_custom_object(*where, name, manifest)
+            if patched["metadata"].get("generation") != existing["metadata"].get("generation"):
+                previous = _predictor_status(existing).get("latestReadyRevision")
+        return wait_ready(api, namespace, name, previous, timeout_s, poll_s)
+    except ApiException as exc:
+        raise KServeError(f"InferenceService {namespace}/{name}: {exc.status} {exc.reason}") from None
+
+
+def wait_ready(api: Any, namespace: str, name: str, previous_revision: str | None, timeout_s: float,
+               poll_s: float = 5.0) -> dict:
+    """Poll until Ready is True and the newest revision (not `previous_revision`) serves.
+
+    A re-apply that changes nothing (same generation) passes `previous_revision=None` and waits for
+    Ready only; in RawDeployment mode there are no revisions and Ready alone decides.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+        predictor = _predictor_status(obj)
+        latest = predictor.get("latestReadyRevision")
+        fresh = previous_revision is None or latest != previous_revision
+        rolled = latest == predictor.get("latestCreatedRevision") and fresh
+        if ready.get("status") == "True" and rolled:
+            return obj
+        if time.monotonic() >= deadline:
+            why = ready.get("message") or ready.get("reason") or "no Ready condition yet"
+            raise KServeError(f"InferenceService {namespace}/{name} not Ready after {timeout_s:.0f}s: {why}")
+        time.sleep(poll_s)
+
+
+def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_run: bool = False,
+           api: Any = None) -> Deployment:
+    """Publish `<storage_uri>/<version>/` and point the InferenceService at it (dry run: manifest only)."""
+    if not target.storage_uri:
+        raise KServeError("storage_uri is required: a path, file://, gs:// or s3:// location for the model store")
+    if target.protocol not in PROTOCOLS:
+        raise KServeError(f"protocol {target.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    if not Path(mar).is_file():
+        raise KServeError(f"{mar}: model archive not found")
+    location = versioned(target.storage_uri, version)
+    local = _local_path(location)
+    model_uri = versioned(target.model_uri, version) if target.model_uri else (
+        local.resolve().as_uri() if local is not None else location)
+    manifest = inference_service(target.service_name or service_name_for(model_name), target.namespace, model_uri,
+                                 target.protocol, model_name, version, target.runtime, target.service_account,
+                                 target.cpu, target.memory)
+    with tempfile.TemporaryDirectory(prefix="kserve-store-") as tmp:
+        stage_layout(Path(mar), model_name, version, Path(tmp))
+        publish(Path(tmp), location)
+    if dry_run:
+        return Deployment(location, manifest, "")
+    served = apply(manifest, target.timeout_s, api, target.poll_s)
+    return Deployment(location, manifest, (served.get("status") or {}).get("url", ""))

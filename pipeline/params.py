@@ -1,0 +1,131 @@
+"""The pipeline's run parameters in one table: defaults, CLI flags and checks.
+
+The pipeline function's signature (`pipeline.pipeline`) repeats these names and defaults
+because KFP reads them from the signature; a test compares the compiled YAML with this table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from handler.search import DEFAULT_K
+from serving.config import MODEL_NAME, MODEL_VERSION
+from training.index import INDEX_TYPES
+from training.train import TrainConfig
+
+from .kserve import PROTOCOLS
+
+DEPLOY_TARGETS = ("local", "kserve", "none")
+NO_CURRENT_MODEL = -1.0
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+_VERSION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+
+
+class ParamError(ValueError):
+    """A parameter value the pipeline cannot run with; the message is one line."""
+
+
+def _positive(value: int) -> str | None:
+    return None if value >= 1 else "must be a positive integer"
+
+
+def _accuracy(value: float) -> str | None:
+    return None if math.isfinite(value) and value >= 0 else "must be a number >= 0 (above 1 never deploys)"
+
+
+def _current(value: float) -> str | None:
+    ok = value == NO_CURRENT_MODEL or 0.0 <= value <= 1.0
+    return None if ok else f"must be between 0 and 1, or {NO_CURRENT_MODEL:g} when no model is deployed"
+
+
+def _pattern(regex: re.Pattern, what: str) -> Callable[[str], str | None]:
+    return lambda value: None if regex.match(value) else f"{what} ({regex.pattern})"
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+_TRAIN = TrainConfig()
+PARAMS: tuple[Param, ...] = (
+    Param("data_source", str, "mnist-sample", "mnist-sample, idx:DIR, download:mnist or folder:DIR"),
+    Param("epochs", int, _TRAIN.epochs, "training epochs", check=_positive),
+    Param("embedding_dim", int, _TRAIN.embedding_dim, "embedding size", check=_positive),
+    Param("width", int, _TRAIN.width, "channels of the first conv blocks (later ones 2x, 4x)", check=_positive),
+    Param("seed", int, _TRAIN.seed, "training and index seed"),
+    Param("k", int, DEFAULT_K, "neighbours in the k-NN vote", check=_positive),
+    Param("index_type", str, "flat", "FAISS gallery index", choices=INDEX_TYPES),
+    Param("model_name", str, MODEL_NAME, "TorchServe model name",
+          check=_pattern(_NAME, "use letters, digits, '-' and '_'")),
+    Param("model_version", str, MODEL_VERSION, "model version written into the archive",
+          check=_pattern(_VERSION, "letters, digits, '.', '-', '_', starting and ending alphanumeric")),
+    Param("min_accuracy", float, 0.9, "deploy only at or above this held-out accuracy", check=_accuracy),
+    Param("current_accuracy", float, NO_CURRENT_MODEL,
+          "accuracy of the deployed model; a worse new model is not deployed (-1: none deployed)", check=_current),
+    Param("deploy_target", str, "none", "where a model that passes the gate goes", choices=DEPLOY_TARGETS),
+    Param("serve_workdir", str, "", "local TorchServe working directory (logs, key file); '' = local_outputs/serve"),
+    Param("serve_config", str, "", "local TorchServe config.properties; '' = the project's"),
+    Param("kserve_storage_uri", str, "", "where the model store is written: path, file://, gs:// or s3://"),
+    Param("kserve_model_uri", str, "", "kserve_storage_uri as the cluster reads it (e.g. pvc://claim/dir); "
+          "'' = kserve_storage_uri itself; the version directory is appended to both"),
+    Param("kserve_namespace", str, "default", "namespace of the InferenceService"),
+    Param("kserve_service_name", str, "", "InferenceService name; '' = derived from model_name"),
+    Param("kserve_protocol", str, "v1", "KServe inference protocol", choices=PROTOCOLS),
+    Param("kserve_runtime", str, "", "ServingRuntime to use; '' = KServe picks one for modelFormat pytorch"),
+    Param("kserve_service_account", str, "", "service account holding the storage credentials"),
+    Param("kserve_dry_run", bool, False, "write the storage layout and return the manifest; touch no cluster"),
+)
+DEFAULTS: dict[str, Any] = {p.name: p.default for p in PARAMS}
+
+
+def validate(values: dict[str, Any]) -> dict[str, Any]:
+    """Complete `values` with defaults and check each one; raises ParamError on the first bad value."""
+    unknown = sorted(set(values) - set(DEFAULTS))
+    if unknown:
+        raise ParamError(f"unknown parameter(s): {', '.join(unknown)}")
+    out = {**DEFAULTS, **values}
+    for p in PARAMS:
+        value = out[p.name]
+        if p.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = out[p.name] = float(value)
+        if not isinstance(value, p.type) or (p.type is int and isinstance(value, bool)):
+            raise ParamError(f"{p.name}: expected {p.type.__name__}, got {value!r}")
+        if p.choices and value not in p.choices:
+            raise ParamError(f"{p.name}: {value!r} is not one of {', '.join(p.choices)}")
+        problem = p.check(value) if p.check else None
+        if problem:
+            raise ParamError(f"{p.name}={value!r}: {problem}")
+    if out["deploy_target"] == "kserve" and not out["kserve_storage_uri"]:
+        raise ParamError("deploy_target=kserve needs kserve_storage_uri (a path, file://, gs:// or s3:// URI)")
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """One flag per parameter; `defaults` overrides the table's default for this command only."""
+    group = parser.add_argument_group("pipeline parameters")
+    for p in PARAMS:
+        default = defaults.get(p.name, p.default)
+        if p.type is bool:
+            group.add_argument(p.flag, dest=p.name, action="store_true", default=default, help=p.help)
+            continue
+        shown = f" (default: {default!r})"
+        group.add_argument(p.flag, dest=p.name, type=p.type, choices=p.choices, default=default,
+                           help=p.help + shown, metavar=None if p.choices else p.type.__name__.upper())
+
+
+def from_namespace(args: argparse.Namespace) -> dict[str, Any]:
+    return {p.name: getattr(args, p.name) for p in PARAMS}

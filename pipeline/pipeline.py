@@ -1,0 +1,61 @@
+"""The KFP pipeline: data -> train -> index -> evaluate -> archive -> (quality gate) -> deploy.
+
+Parameter names and defaults mirror `pipeline.params.PARAMS` (KFP reads them from this signature).
+"""
+
+from kfp import dsl
+
+from .components import archive, build_index, deploy_kserve, deploy_local, evaluate, load_data, train
+from .params import DEFAULTS as D
+
+PIPELINE_NAME = "mnist-embedding"
+
+
+@dsl.pipeline(name=PIPELINE_NAME, description="Train an MNIST embedding model and FAISS gallery, archive it "
+              "for TorchServe, and deploy it when it beats the quality gate.")
+def mnist_embedding_pipeline(
+    data_source: str = D["data_source"],
+    epochs: int = D["epochs"],
+    embedding_dim: int = D["embedding_dim"],
+    width: int = D["width"],
+    seed: int = D["seed"],
+    k: int = D["k"],
+    index_type: str = D["index_type"],
+    model_name: str = D["model_name"],
+    model_version: str = D["model_version"],
+    min_accuracy: float = D["min_accuracy"],
+    current_accuracy: float = D["current_accuracy"],
+    deploy_target: str = D["deploy_target"],
+    serve_workdir: str = D["serve_workdir"],
+    serve_config: str = D["serve_config"],
+    kserve_storage_uri: str = D["kserve_storage_uri"],
+    kserve_model_uri: str = D["kserve_model_uri"],
+    kserve_namespace: str = D["kserve_namespace"],
+    kserve_service_name: str = D["kserve_service_name"],
+    kserve_protocol: str = D["kserve_protocol"],
+    kserve_runtime: str = D["kserve_runtime"],
+    kserve_service_account: str = D["kserve_service_account"],
+    kserve_dry_run: bool = D["kserve_dry_run"],
+):
+    data = load_data(source=data_source)
+    trained = train(dataset=data.outputs["dataset"], epochs=epochs, embedding_dim=embedding_dim, width=width,
+                    seed=seed, k=k)
+    indexed = build_index(dataset=data.outputs["dataset"], model=trained.outputs["model"], index_type=index_type,
+                          seed=seed)
+    evaluated = evaluate(dataset=data.outputs["dataset"], artifacts=indexed.outputs["artifacts"], k=k)
+    packed = archive(artifacts=evaluated.outputs["evaluated"], model_name=model_name, model_version=model_version)
+    accuracy = evaluated.outputs["Output"]
+    mar = packed.outputs["mar"]
+
+    with dsl.If(accuracy >= min_accuracy, name="quality-gate"):
+        with dsl.If(accuracy >= current_accuracy, name="no-regression"):
+            with dsl.If(deploy_target == "local", name="target-local"):
+                deploy_local(mar=mar, model_name=model_name, workdir=serve_workdir,
+                             config=serve_config).set_caching_options(False)
+            with dsl.Elif(deploy_target == "kserve", name="target-kserve"):
+                deploy_kserve(mar=mar, model_name=model_name, model_version=model_version,
+                              storage_uri=kserve_storage_uri, model_uri=kserve_model_uri,
+                              namespace=kserve_namespace, service_name=kserve_service_name,
+                              protocol=kserve_protocol, runtime=kserve_runtime,
+                              service_account=kserve_service_account,
+                              dry_run=kserve_dry_run).set_caching_options(False)

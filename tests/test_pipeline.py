@@ -1,0 +1,503 @@
+"""The Kubeflow pipeline with the real kfp SDK: compiled DAG, a full kfp.local run served by TorchServe,
+the quality gate, the CLI, and the KServe deploy target (storage layout, manifest, runtime config)."""
+
+import copy
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import free_ports, make_instance
+from idx_fixtures import make_idx_dir
+
+from pipeline import params as P
+from pipeline.kserve import KServeError, KServeTarget, deploy
+from serving.config import MODEL_CONFIG_FILE, REPO, read_properties, with_ports, write_properties
+from serving.server import Instance, stop
+
+TASKS = {"load-data", "train", "build-index", "evaluate", "archive"}
+TINY = {"epochs": 1, "embedding_dim": 16, "width": 8}
+KFP_TYPES = {int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE", str: "STRING", bool: "BOOLEAN"}
+ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours"}
+
+
+def _cli(*args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **env}
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, env=environ, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _sample_png(tmp: Path, digit: int = 3) -> bytes:
+    from serving.samples import write_samples
+
+    return write_samples(tmp)[digit].read_bytes()
+
+
+# ---------------------------------------------------------------- compiled package
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict:
+    from kfp import compiler
+
+    from pipeline.pipeline import mnist_embedding_pipeline
+
+    out = tmp_path_factory.mktemp("compiled") / "pipeline.yaml"
+    compiler.Compiler().compile(mnist_embedding_pipeline, str(out))
+    return yaml.safe_load(out.read_text())
+
+
+def _conditions_above(spec: dict, target: str, dag: dict | None = None, chain: tuple = ()) -> tuple | None:
+    """(task name, trigger condition) of every condition group enclosing the task running `target`."""
+    for task in (dag or spec["root"]["dag"]["tasks"]).values():
+        component = spec["components"][task["componentRef"]["name"]]
+        link = chain + ((task["taskInfo"]["name"], task.get("triggerPolicy", {}).get("condition", "")),)
+        if task["componentRef"]["name"] == f"comp-{target}":
+            return link
+        if "dag" in component:
+            found = _conditions_above(spec, target, component["dag"]["tasks"], link)
+            if found:
+                return found
+    return None
+
+
+def test_compiled_dag_tasks_and_edges(compiled):
+    root = compiled["root"]["dag"]["tasks"]
+    assert set(root) == TASKS | {"condition-1"}
+    artifact_edges = {
+        (task, name): (src["taskOutputArtifact"]["producerTask"], src["taskOutputArtifact"]["outputArtifactKey"])
+        for task, spec in root.items() for name, src in spec.get("inputs", {}).get("artifacts", {}).items()
+    }
+    assert artifact_edges == {
+        ("train", "dataset"): ("load-data", "dataset"),
+        ("build-index", "dataset"): ("load-data", "dataset"),
+        ("build-index", "model"): ("train", "model"),
+        ("evaluate", "dataset"): ("load-data", "dataset"),
+        ("evaluate", "artifacts"): ("build-index", "artifacts"),
+        ("archive", "artifacts"): ("evaluate", "evaluated"),
+        ("condition-1", "pipelinechannel--archive-mar"): ("archive", "mar"),
+    }
+    depends = {task: set(spec.get("dependentTasks", [])) for task, spec in root.items()}
+    assert depends == {"load-data": set(), "train": {"load-data"}, "build-index": {"load-data", "train"},
+                       "evaluate": {"load-data", "build-index"}, "archive": {"evaluate"},
+                       "condition-1": {"archive", "evaluate"}}
+    gate_accuracy = root["condition-1"]["inputs"]["parameters"]["pipelinechannel--evaluate-Output"]
+    assert gate_accuracy["taskOutputParameter"] == {"producerTask": "evaluate", "outputParameterKey": "Output"}
+
+
+def test_compiled_gate_guards_both_deploy_targets(compiled):
+    for target, value in (("deploy-local", "local"), ("deploy-kserve", "kserve")):
+        chain = _conditions_above(compiled, target)
+        names = [name for name, _ in chain]
+        conditions = dict(chain)
+        assert names[:2] == ["quality-gate", "no-regression"], chain
+        gate = conditions["quality-gate"]
+        assert "min_accuracy" in gate and "evaluate-Output" in gate and ">=" in gate
+        assert "current_accuracy" in conditions["no-regression"] and ">=" in conditions["no-regression"]
+        assert any("deploy_target" in c and f"'{value}'" in c for c in conditions.values()), chain
+        executor = compiled["components"][f"comp-{target}"]["executorLabel"]
+        assert executor in compiled["deploymentSpec"]["executors"]
+
+
+def test_compiled_parameters_match_the_table(compiled):
+    declared = compiled["root"]["inputDefinitions"]["parameters"]
+    assert set(declared) == set(P.DEFAULTS)
+    for p in P.PARAMS:
+        assert declared[p.name]["parameterType"] == KFP_TYPES[p.type], p.name
+        assert declared[p.name].get("defaultValue") == p.default, p.name
+    assert declared["deploy_target"]["defaultValue"] == "none"
+    assert declared["current_accuracy"]["defaultValue"] == -1
+
+
+def test_cli_compile_takes_the_image_from_the_environment(tmp_path):
+    out = tmp_path / "p.yaml"
+    proc = _cli("compile", "--out", str(out), PIPELINE_IMAGE="registry.example.com/team/mnist:1.2.3")
+    assert proc.returncode == 0, proc.stderr
+    spec = yaml.safe_load(out.read_text())
+    images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+    assert images == {"registry.example.com/team/mnist:1.2.3"}
+    commands = [" ".join(e["container"]["command"]) for e in spec["deploymentSpec"]["executors"].values()]
+    assert all("pip install" not in c for c in commands)
+
+
+# ---------------------------------------------------------------- full local run
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """One whole pipeline run with kfp.local, deploying to a TorchServe on free ports (stopped at the end).
+
+    It runs from a directory outside the repository without PYTHONPATH, so the tasks find the project
+    only through what run_local sets up.
+    """
+    from pipeline.local_run import run_local
+
+    work = tmp_path_factory.mktemp("kfp-local")
+    instance = make_instance(work / "serve")
+    values = P.validate({**TINY, "min_accuracy": 0.5, "deploy_target": "local",
+                         "serve_workdir": str(instance.workdir), "serve_config": str(instance.config)})
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(work)
+            mp.delenv("PYTHONPATH", raising=False)
+            started = time.perf_counter()
+            run = run_local(values, work / "outputs")
+            seconds = time.perf_counter() - started
+        print(f"\nkfp.local run: accuracy {run.accuracy:.4f} in {seconds:.1f}s")
+        yield run, instance, values
+    finally:
+        stop(instance)
+
+
+@pytest.mark.serving
+def test_local_run_writes_every_artifact(local_run):
+    from handler.artifacts import verify_artifacts
+    from training.steps import PreparedData
+
+    run, _, _ = local_run
+    out = run.outputs
+    assert TASKS | {"deploy-local"} == set(out)
+    data = PreparedData.load(out["load-data"]["dataset"].path)
+    assert (len(data.train_x), len(data.test_x)) == (4000, 1000)
+    assert out["load-data"]["dataset"].metadata["format"] == "npz"
+    assert {"model.pt", "train.json"} <= {p.name for p in out["train"]["model"].path.iterdir()}
+    gallery = {p.name for p in out["build-index"]["artifacts"].path.iterdir()}
+    assert {"model.pt", "index.faiss", "labels.json"} <= gallery
+    metadata = verify_artifacts(out["evaluate"]["evaluated"].path)
+    assert metadata["embedding_dim"] == TINY["embedding_dim"]
+    assert out["evaluate"]["Output"] == pytest.approx(metadata["metrics"]["accuracy"])
+    logged = out["evaluate"]["metrics"].metadata
+    assert logged["accuracy"] == pytest.approx(run.accuracy)
+    assert logged["threshold"] == pytest.approx(metadata["threshold"])
+    assert 0.0 <= logged["open_set_rejection"] <= 1.0
+    matrix = out["evaluate"]["confusion"].metadata["confusionMatrix"]
+    assert [a["displayName"] for a in matrix["annotationSpecs"]] == list(data.classes)
+    assert sum(sum(row["row"]) for row in matrix["rows"]) == len(data.test_x)
+    report = out["evaluate"]["report"].path.read_text()
+    assert f"{run.accuracy:.4f}" in report and "| 9 |" in report
+    mar = out["archive"]["mar"]
+    assert (mar.path / "embedding.mar").is_file()
+    assert mar.metadata["version"] == "1.0" and mar.metadata["mar_name"] == "embedding.mar"
+
+
+@pytest.mark.serving
+def test_local_run_serves_the_new_archive(local_run, tmp_path):
+    from pipeline.cli import _ask_local
+    from serving.server import model_status
+
+    run, instance, values = local_run
+    assert run.deployed_by == "deploy-local"
+    assert run.outputs["deploy-local"]["Output"] == f"{instance.endpoints.inference}/predictions/embedding"
+    assert instance.pid() is not None
+    assert [v["modelVersion"] for v in model_status(instance)] == ["1.0"]
+    answer = _ask_local(values, tmp_path)
+    assert ANSWER_KEYS <= set(answer) and answer["pred"] in [str(d) for d in range(10)]
+    assert len(answer["neighbours"]) == values["k"]
+
+
+@pytest.mark.serving
+def test_local_deploy_replaces_the_running_server(local_run, tmp_path):
+    from pipeline.local_serving import serve_archive
+    from serving.client import predict
+
+    run, instance, _ = local_run
+    before = instance.pid()
+    served = serve_archive(run.outputs["archive"]["mar"].path, "embedding", instance.workdir, instance.config)
+    assert served.pid() not in (None, before)
+    answer = predict(served.endpoints.inference, "embedding", served.keys()["inference"], _sample_png(tmp_path))
+    assert ANSWER_KEYS <= set(answer)
+
+
+def test_cli_run_local_gate_skips_deploy(tmp_path):
+    make_idx_dir(tmp_path / "idx", n_train=300, n_test=100)
+    instance = make_instance(tmp_path / "serve")
+    proc = _cli("run-local", "--workdir", str(tmp_path / "out"), "--data-source", f"idx:{tmp_path / 'idx'}",
+                "--epochs", "1", "--embedding-dim", "8", "--width", "4", "--min-accuracy", "1.01",
+                "--serve-workdir", str(instance.workdir), "--serve-config", str(instance.config), cwd=tmp_path)
+    try:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert "not deployed: quality gate not passed" in proc.stdout
+        (run_dir,) = (tmp_path / "out").glob("mnist-embedding-*")
+        assert {p.name for p in run_dir.iterdir()} == TASKS
+        assert f"archive.mar: {run_dir / 'archive' / 'mar'}" in proc.stdout
+        assert instance.pid() is None and not instance.key_file.exists()
+    finally:
+        stop(instance)
+
+
+# ---------------------------------------------------------------- CLI errors
+
+
+def test_cli_submit_to_unreachable_host_fails_on_one_line():
+    (port,) = free_ports(1)
+    proc = _cli("submit", "--host", f"http://127.0.0.1:{port}", "--epochs", "1")
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipeline: error: cannot reach Kubeflow Pipelines"), proc.stderr
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["run-local", "--epochs", "0"], 1, "epochs=0: must be a positive integer"),
+    (["run-local", "--deploy-target", "kserve"], 1, "needs kserve_storage_uri"),
+    (["run-local", "--current-accuracy", "1.5"], 1, "current_accuracy=1.5"),
+    (["run-local", "--model-version", "1.0-"], 1, "model_version='1.0-'"),
+    (["run-local", "--index-type", "annoy"], 2, "invalid choice: 'annoy'"),
+    (["submit", "--epochs", "two"], 2, "invalid int value: 'two'"),
+])
+def test_cli_bad_parameters_fail_on_one_line(argv, code, message, capsys):
+    from pipeline.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == code and len(err) == 1 and message in err[0], err
+
+
+def test_params_reject_unknown_names():
+    with pytest.raises(P.ParamError, match="unknown parameter"):
+        P.validate({"epoch": 3})
+
+
+# ---------------------------------------------------------------- KServe
+
+
+@pytest.fixture(scope="module")
+def mar(local_run) -> Path:
+    return local_run[0].outputs["archive"]["mar"].path / "embedding.mar"
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def test_kserve_dry_run_layout_and_manifest(mar, tmp_path):
+    from pipeline.isvc_schema import validate
+
+    store = tmp_path / "store"
+    result = deploy(mar, "embedding", "1.0", KServeTarget(storage_uri=store.as_uri(), namespace="models",
+                                                          protocol="v2"), dry_run=True)
+    assert _files(store) == ["1.0/config/config.properties", "1.0/model-store/embedding.mar"]
+    assert (store / "1.0/model-store/embedding.mar").read_bytes() == mar.read_bytes()
+    manifest = result.manifest
+    validate(manifest)
+    assert (manifest["apiVersion"], manifest["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
+    assert manifest["metadata"] | {"labels": None} == {"name": "embedding", "namespace": "models", "labels": None}
+    model = manifest["spec"]["predictor"]["model"]
+    assert model["modelFormat"] == {"name": "pytorch"} and model["protocolVersion"] == "v2"
+    assert model["storageUri"] == (store / "1.0").as_uri() and result.url == ""
+    assert set(model["resources"]) == {"requests", "limits"}
+
+    props = read_properties(store / "1.0/config/config.properties")
+    assert props["inference_address"] == "http://0.0.0.0:8085"
+    assert props["management_address"] == "http://0.0.0.0:8086"
+    assert props["metrics_address"] == "http://0.0.0.0:8082"
+    assert props["enable_envvars_config"] == "true" and props["install_py_dep_per_model"] == "false"
+    assert props["model_store"] == "/mnt/models/model-store"
+    snapshot = json.loads(props["model_snapshot"])
+    assert snapshot["modelCount"] == 1 and list(snapshot["models"]) == ["embedding"]
+    entry = snapshot["models"]["embedding"]["1.0"]
+    settings = yaml.safe_load(MODEL_CONFIG_FILE.read_text())
+    assert entry == {"defaultVersion": True, "marName": "embedding.mar",
+                     **{k: settings[k] for k in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
+                                                 "responseTimeout")}}
+
+
+@pytest.mark.parametrize("path, value, where", [
+    (("spec", "predictor", "model", "protocolversion"), "v2", "unknown field 'protocolversion'"),
+    (("spec", "predictor", "model", "protocolVersion"), "v3", "protocolVersion"),
+    (("metadata", "name"), "Embedding_1", "metadata.name"),
+    (("spec", "predictor", "model", "storageUri"), "/srv/models/1.0", "storageUri"),
+    (("spec", "predictor", "model", "resources", "limits", "memory"), "2 GB", "limits.memory"),
+    (("spec", "predictor", "minReplicas"), "1", "minReplicas"),
+])
+def test_kserve_schema_rejects_what_the_cluster_would_drop_or_refuse(path, value, where):
+    from pipeline.isvc_schema import SchemaError, validate
+    from pipeline.kserve import inference_service
+
+    manifest = inference_service("embedding", "default", "s3://bucket/embedding/1.0", "v1", "embedding", "1.0")
+    node = manifest
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(SchemaError, match=where.replace(".", r"\.")):
+        validate(manifest)
+
+
+@pytest.mark.serving
+def test_kserve_runtime_config_serves_with_a_real_torchserve(mar, tmp_path):
+    """The generated config.properties on loopback ports (model_snapshot kept) loads and answers without a token."""
+    from serving.client import predict
+
+    deploy(mar, "embedding", "1.0", KServeTarget(storage_uri=str(tmp_path / "store")), dry_run=True)
+    generated = read_properties(tmp_path / "store/1.0/config/config.properties")
+    local = with_ports(generated, *free_ports(5))
+    assert {k for k in local if local[k] != generated.get(k)} <= {
+        "inference_address", "management_address", "metrics_address", "grpc_inference_port", "grpc_management_port"}
+    instance = Instance(tmp_path / "ts", tmp_path / "ts" / "config.properties", "embedding")
+    instance.tmpdir.mkdir(parents=True)
+    write_properties(local, instance.config)
+    try:
+        _start_tokenless(instance, tmp_path / "store/1.0/model-store")
+        answer = predict(instance.endpoints.inference, "embedding", None, _sample_png(tmp_path))
+        assert ANSWER_KEYS <= set(answer), answer
+    finally:
+        stop(instance)
+
+
+def _start_tokenless(instance: Instance, model_store: Path, timeout: float = 120.0) -> None:
+    """Launch TorchServe like KServe's runtime does and poll the management API without a token.
+
+    serving.server.start cannot be used: its readiness check reads key_file.json, which TorchServe
+    does not write when disable_token_authorization=true.
+    """
+    env = dict(os.environ, TMPDIR=str(instance.tmpdir), OMP_NUM_THREADS="1", PYTHONPATH="")
+    with open(instance.workdir / "torchserve.out", "ab") as log:
+        subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--ts-config",
+                        str(instance.config), "--model-store", str(model_store)], cwd=instance.workdir, env=env,
+                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=True,
+                       start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{instance.endpoints.management}/models/embedding", timeout=2) as response:
+                versions = json.loads(response.read())
+            if any(w["status"] == "READY" for v in versions for w in v["workers"]):
+                return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"no READY worker; see {instance.workdir / 'logs'}")
+
+
+def test_kserve_component_dry_run_with_kfp_local(mar, tmp_path):
+    from kfp import dsl, local
+    from kfp.dsl import Model
+
+    from pipeline.components import deploy_kserve
+    from pipeline.local_run import task_environment
+
+    @dsl.pipeline(name="kserve-dry-run")
+    def dry_run(store_dir: str, storage_uri: str):
+        imported = dsl.importer(artifact_uri=store_dir, artifact_class=Model, reimport=False)
+        deploy_kserve(mar=imported.output, model_name="embedding", model_version="2.0", storage_uri=storage_uri,
+                      model_uri="pvc://models/embedding", namespace="serving", service_name="", protocol="v1",
+                      runtime="torchserve-faiss", service_account="models-sa", dry_run=True)
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "runs"))
+    with task_environment():
+        dry_run(store_dir=str(mar.parent), storage_uri=str(tmp_path / "store"))
+    (written,) = (tmp_path / "runs").glob("kserve-dry-run-*/deploy-kserve/manifest")
+    manifest = json.loads(written.read_text())
+    predictor = manifest["spec"]["predictor"]
+    assert predictor["model"]["storageUri"] == "pvc://models/embedding/2.0"
+    assert predictor["model"]["runtime"] == "torchserve-faiss" and predictor["serviceAccountName"] == "models-sa"
+    assert manifest["metadata"]["namespace"] == "serving"
+    assert _files(tmp_path / "store") == ["2.0/config/config.properties", "2.0/model-store/embedding.mar"]
+
+
+class FakeCluster:
+    """CustomObjectsApi stand-in for the KServe controller: a spec change creates a revision that the
+    next poll still sees starting and the one after sees serving (never, with `stuck` set)."""
+
+    def __init__(self, stuck: str = "") -> None:
+        self.objects: dict[str, dict] = {}
+        self.calls: list[str] = []
+        self.starting: set[str] = set()
+        self.stuck = stuck
+
+    def _new_revision(self, name: str) -> None:
+        obj = self.objects[name]
+        obj["metadata"]["generation"] = obj["metadata"].get("generation", 0) + 1
+        status = obj.setdefault("status", {"url": f"http://{name}.example.com",
+                                           "conditions": [{"type": "Ready", "status": "False"}],
+                                           "components": {"predictor": {}}})
+        revision = f"{name}-predictor-{obj['metadata']['generation']:05d}"
+        status["components"]["predictor"]["latestCreatedRevision"] = revision
+        if self.stuck:
+            status["conditions"][0]["message"] = self.stuck
+        self.starting.add(name)
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        from kubernetes.client.exceptions import ApiException
+
+        self.calls.append("get")
+        if name not in self.objects:
+            raise ApiException(status=404, reason="Not Found")
+        view = copy.deepcopy(self.objects[name])
+        if name in self.starting and not self.stuck:
+            self.starting.discard(name)
+            status = self.objects[name]["status"]
+            predictor = status["components"]["predictor"]
+            predictor["latestReadyRevision"] = predictor["latestCreatedRevision"]
+            status["conditions"][0]["status"] = "True"
+        return view
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        self.calls.append("create")
+        self.objects[body["metadata"]["name"]] = copy.deepcopy(body)
+        self._new_revision(body["metadata"]["name"])
+        return copy.deepcopy(self.objects[body["metadata"]["name"]])
+
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
+        self.calls.append("patch")
+        obj = self.objects[name]
+        if body["spec"] != obj["spec"]:
+            obj["spec"] = copy.deepcopy(body["spec"])
+            self._new_revision(name)
+        return copy.deepcopy(obj)
+
+
+def test_kserve_rolls_forward_by_patching_the_same_service(mar, tmp_path):
+    cluster = FakeCluster()
+    target = KServeTarget(storage_uri=str(tmp_path / "store"), model_uri="s3://models/embedding", poll_s=0.01,
+                          timeout_s=5)
+    first = deploy(mar, "embedding", "1.0", target, api=cluster)
+    second = deploy(mar, "embedding", "2.0", target, api=cluster)
+    assert cluster.calls == ["get", "create", "get", "get", "get", "patch", "get", "get"]
+    served = cluster.objects["embedding"]
+    assert served["spec"]["predictor"]["model"]["storageUri"] == "s3://models/embedding/2.0"
+    assert served["status"]["components"]["predictor"]["latestReadyRevision"] == "embedding-predictor-00002"
+    assert first.url == second.url == "http://embedding.example.com"
+    assert _files(tmp_path / "store") == ["1.0/config/config.properties", "1.0/model-store/embedding.mar",
+                                          "2.0/config/config.properties", "2.0/model-store/embedding.mar"]
+
+
+def test_kserve_times_out_with_the_ready_condition_message(mar, tmp_path):
+    cluster = FakeCluster(stuck="Revision failed: ImagePullBackOff")
+    target = KServeTarget(storage_uri=str(tmp_path / "store"), poll_s=0.01, timeout_s=0.05)
+    with pytest.raises(KServeError, match="not Ready after 0s: Revision failed: ImagePullBackOff"):
+        deploy(mar, "embedding", "1.0", target, api=cluster)
+
+
+def test_kserve_raw_deployment_mode_needs_only_ready():
+    from pipeline.kserve import wait_ready
+
+    class RawDeployment:
+        def get_namespaced_custom_object(self, *where):
+            return {"status": {"conditions": [{"type": "Ready", "status": "True"}], "url": "http://embedding"}}
+
+    assert wait_ready(RawDeployment(), "default", "embedding", None, timeout_s=1)["status"]["url"] == "http://embedding"
+
+
+@pytest.mark.parametrize("uri, message", [
+    ("pvc://models/embedding", "mount the claim"),
+    ("hdfs://namenode/models", "cannot write to hdfs://"),
+])
+def test_kserve_refuses_storage_it_cannot_write(mar, uri, message):
+    with pytest.raises(KServeError, match=message):
+        deploy(mar, "embedding", "1.0", KServeTarget(storage_uri=uri), dry_run=True)
+
+
+def test_kserve_s3_without_boto3_says_what_is_needed(mar):
+    if importlib.util.find_spec("boto3") is not None:
+        pytest.skip("boto3 is installed here: the missing-client error cannot happen")
+    with pytest.raises(KServeError, match=r"s3:// storage needs boto3 \(pip install boto3\)"):
+        deploy(mar, "embedding", "1.0", KServeTarget(storage_uri="s3://bucket/models"), dry_run=True)
