@@ -61,11 +61,23 @@ class EmbeddingHandler(BaseHandler):
 
     def postprocess(self, data):
         answers, _ = data
+        # Behind a KServe envelope the rows are the instances of one request, not one row per request:
+        # per-request status and headers only apply when each row is its own request.
+        per_request = len(answers) == len(self.context.request_ids or {})
+        version = (self.context.manifest or {}).get("model", {}).get("modelVersion")
         out = []
         for idx, answer in enumerate(answers):
-            if "error" in answer:
-                self.context.set_response_status(answer["status"], answer["error"][:200], idx)
-            self.context.set_response_content_type(idx, "application/json")
+            if "error" not in answer and version:
+                answer = {**answer, "model_version": version}
+            if per_request:
+                if "error" in answer:
+                    self.context.set_response_status(answer["status"], answer["error"][:200], idx)
+                self.context.set_response_content_type(idx, "application/json")
+                if self._is_grpc(idx):
+                    # Ends a gRPC StreamPredictions call after its one answer; without it TorchServe 0.12
+                    # fails the call ("Worker died") and restarts the worker. Never on HTTP, where the
+                    # header turns the answer into a stream whose head is never sent.
+                    self.context.set_response_header(idx, "ts_stream_next", "false")
             out.append(json.dumps(answer))
         return out
 
@@ -80,8 +92,14 @@ class EmbeddingHandler(BaseHandler):
             record_metrics(context.metrics, len(data), timings)
         return self.postprocess((answers, timings))
 
+    def _is_grpc(self, idx: int) -> bool:
+        """gRPC requests reach the worker without HTTP headers (no Host)."""
+        return "Host" not in (self.context.get_all_request_header(idx) or {})
+
     def _content_types(self, idx: int, row) -> dict[str, str]:
-        types = {}
+        types: dict[str, str] = {}
+        if idx >= len(self.context.request_ids or {}):  # an envelope's extra instance: no headers of its own
+            return types
         for name in row:
             header = self.context.get_request_header(idx, name)
             if isinstance(header, dict):

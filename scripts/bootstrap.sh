@@ -24,11 +24,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 stamp=.venv/.deps-stamp
-want=$(cat requirements.lock requirements-test.txt | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.lock requirements-test.txt requirements-bench.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing pinned dependencies into .venv (first run takes about a minute)"
   # torch is pinned in the same command as everything that depends on it, so pip never pulls another build.
   .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-    -r requirements.lock -r requirements-test.txt || die "pip install failed (see above)."
+    -r requirements.lock -r requirements-test.txt -r requirements-bench.txt || die "pip install failed (see above)."
   echo "$want" > "$stamp"
 fi

@@ -135,16 +135,16 @@ def model_status(instance: Instance) -> list[dict]:
 
 
 def wait_ready(instance: Instance, timeout: float = 120.0) -> float:
-    """Poll until a worker of the model is READY; returns the seconds waited."""
+    """Poll until every loaded version of the model has a READY worker; returns the seconds waited."""
     started = time.monotonic()
     deadline = started + timeout
     while time.monotonic() < deadline:
         if instance.pid() is None and time.monotonic() - started > 3:
             raise ServerError(f"TorchServe exited during start: {_diagnose(instance)}")
         try:
-            for version in model_status(instance):
-                if any(w.get("status") == "READY" for w in version.get("workers", [])):
-                    return time.monotonic() - started
+            versions = model_status(instance)
+            if versions and all(any(w.get("status") == "READY" for w in v.get("workers", [])) for v in versions):
+                return time.monotonic() - started
         except (ServerError, urllib.error.URLError, OSError, ValueError):
             pass
         time.sleep(0.2)

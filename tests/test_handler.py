@@ -17,7 +17,7 @@ from handler.embedding_handler import EmbeddingHandler
 from handler.preprocessing import preprocess
 from handler.service import EmbeddingService
 
-ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours"}
+ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours", "model_version"}
 
 
 def make_context(model_dir: Path, handler_settings: dict | None = None, content_types: list[dict] | None = None):
@@ -90,6 +90,7 @@ def test_answers_equal_offline_service(loaded, digits, tiny_artifacts):
     service = EmbeddingService.from_dir(tiny_artifacts)
     offline = service.searcher.classify(service.embed(np.stack([preprocess(png) for png, _ in digits])))
     served, _ = run_batch(handler, context, [raw_row(png) for png, _ in digits])
+    assert [a.pop("model_version") for a in served] == ["1.0"] * len(digits)  # from the MAR manifest
     assert served == offline
 
 

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from idx_fixtures import make_idx_dir
 from pipeline import params as P
 from pipeline.kserve import KServeError, KServeTarget, deploy
 from serving.config import MODEL_CONFIG_FILE, REPO, read_properties, with_ports, write_properties
-from serving.server import Instance, stop
+from serving.server import Instance, start, stop
 
 TASKS = {"load-data", "train", "build-index", "evaluate", "archive"}
 TINY = {"epochs": 1, "embedding_dim": 16, "width": 8}
@@ -305,9 +304,10 @@ def test_kserve_dry_run_layout_and_manifest(mar, tmp_path):
     assert snapshot["modelCount"] == 1 and list(snapshot["models"]) == ["embedding"]
     entry = snapshot["models"]["embedding"]["1.0"]
     settings = yaml.safe_load(MODEL_CONFIG_FILE.read_text())
-    assert entry == {"defaultVersion": True, "marName": "embedding.mar",
-                     **{k: settings[k] for k in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
-                                                 "responseTimeout")}}
+    assert entry == {"defaultVersion": True, "marName": "embedding.mar", "batchSize": 1,
+                     **{k: settings[k] for k in ("minWorkers", "maxWorkers", "maxBatchDelay", "responseTimeout")}}
+    assert props["service_envelope"] == "kservev2"
+    assert manifest["metadata"]["labels"]["serviceEnvelope"] == "kservev2"
 
 
 @pytest.mark.parametrize("path, value, where", [
@@ -332,49 +332,31 @@ def test_kserve_schema_rejects_what_the_cluster_would_drop_or_refuse(path, value
 
 
 @pytest.mark.serving
-def test_kserve_runtime_config_serves_with_a_real_torchserve(mar, tmp_path):
-    """The generated config.properties on loopback ports (model_snapshot kept) loads and answers without a token."""
-    from serving.client import predict
+@pytest.mark.parametrize("protocol", ["v1", "v2"])
+def test_kserve_runtime_config_serves_with_a_real_torchserve(mar, tmp_path, protocol):
+    """The generated config.properties on loopback ports (model_snapshot and envelope kept) loads and
+    answers KServe protocol requests, several images and a bad one per request, without a token."""
+    from client import BadImageError, EmbeddingClient
 
-    deploy(mar, "embedding", "1.0", KServeTarget(storage_uri=str(tmp_path / "store")), dry_run=True)
+    deploy(mar, "embedding", "1.0", KServeTarget(storage_uri=str(tmp_path / "store"), protocol=protocol),
+           dry_run=True)
     generated = read_properties(tmp_path / "store/1.0/config/config.properties")
     local = with_ports(generated, *free_ports(5))
     assert {k for k in local if local[k] != generated.get(k)} <= {
         "inference_address", "management_address", "metrics_address", "grpc_inference_port", "grpc_management_port"}
     instance = Instance(tmp_path / "ts", tmp_path / "ts" / "config.properties", "embedding")
-    instance.tmpdir.mkdir(parents=True)
+    instance.workdir.mkdir(parents=True)
     write_properties(local, instance.config)
     try:
-        _start_tokenless(instance, tmp_path / "store/1.0/model-store")
-        answer = predict(instance.endpoints.inference, "embedding", None, _sample_png(tmp_path))
-        assert ANSWER_KEYS <= set(answer), answer
+        start(instance, tmp_path / "store/1.0/model-store")
+        assert instance.keys() == {}
+        client = EmbeddingClient(instance.endpoints.inference, protocol=protocol)
+        png = _sample_png(tmp_path)
+        answers = client.predict_batch([png, b"not an image", png])
+        assert ANSWER_KEYS <= set(answers[0]) and answers[0] == answers[2]
+        assert isinstance(answers[1], BadImageError)
     finally:
         stop(instance)
-
-
-def _start_tokenless(instance: Instance, model_store: Path, timeout: float = 120.0) -> None:
-    """Launch TorchServe like KServe's runtime does and poll the management API without a token.
-
-    serving.server.start cannot be used: its readiness check reads key_file.json, which TorchServe
-    does not write when disable_token_authorization=true.
-    """
-    env = dict(os.environ, TMPDIR=str(instance.tmpdir), OMP_NUM_THREADS="1", PYTHONPATH="")
-    with open(instance.workdir / "torchserve.out", "ab") as log:
-        subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs", "--ts-config",
-                        str(instance.config), "--model-store", str(model_store)], cwd=instance.workdir, env=env,
-                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=True,
-                       start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{instance.endpoints.management}/models/embedding", timeout=2) as response:
-                versions = json.loads(response.read())
-            if any(w["status"] == "READY" for v in versions for w in v["workers"]):
-                return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"no READY worker; see {instance.workdir / 'logs'}")
 
 
 def test_kserve_component_dry_run_with_kfp_local(mar, tmp_path):

@@ -1,0 +1,34 @@
+"""The handler's answer schema, checked the same way whatever protocol carried it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import BadImageError, ClientError
+
+ANSWER_KEYS = ("pred", "dist", "confidence", "unknown", "neighbours")
+
+
+def as_answer(item: Any) -> dict[str, Any]:
+    """One answer dict from a decoded JSON object or a JSON text (KServe envelopes carry answers as text).
+
+    Raises BadImageError for the handler's ``{"error", "status"}`` answers and ClientError for anything
+    that is neither.
+    """
+    if isinstance(item, (bytes, bytearray)):
+        item = item.decode("utf-8", errors="replace")
+    if isinstance(item, str):
+        try:
+            item = json.loads(item)
+        except json.JSONDecodeError:
+            raise ClientError(f"unexpected answer (not JSON): {item[:120]!r}") from None
+    if not isinstance(item, dict):
+        raise ClientError(f"unexpected answer (not an object): {str(item)[:120]!r}")
+    if "error" in item:
+        status = item.get("status")
+        raise BadImageError(str(item["error"]), status if isinstance(status, int) else 400)
+    missing = [key for key in ANSWER_KEYS if key not in item]
+    if missing:
+        raise ClientError(f"unexpected answer (no {', '.join(missing)}): {json.dumps(item)[:120]}")
+    return item

@@ -1,0 +1,142 @@
+"""``EmbeddingClient``: one interface over TorchServe REST, TorchServe gRPC and KServe v1/v2."""
+
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+from serving.config import CONFIG_FILE, MODEL_NAME, Endpoints, read_properties
+
+from .errors import BadImageError, ClientError, UsageError
+from .retry import RetryPolicy
+from .tokens import Token
+
+PROTOCOLS = ("rest", "grpc", "v1", "v2")
+Image = bytes | str | Path
+
+
+class Transport(Protocol):
+    def predict(self, image: bytes) -> dict[str, Any]: ...
+    def predict_batch(self, images: list[bytes]) -> list[dict[str, Any] | BadImageError]: ...
+    def ping(self) -> str: ...
+    def close(self) -> None: ...
+
+
+def default_endpoints(config: Path = CONFIG_FILE) -> Endpoints:
+    """The project's config.properties addresses, or TorchServe's defaults when it cannot be read."""
+    try:
+        return Endpoints.from_properties(read_properties(config))
+    except OSError:
+        return Endpoints.from_properties({})
+
+
+def default_url(protocol: str, config: Path = CONFIG_FILE) -> str:
+    endpoints = default_endpoints(config)
+    if protocol == "grpc":
+        return f"127.0.0.1:{endpoints.grpc_inference_port}"
+    return endpoints.inference
+
+
+def read_image(image: Image) -> bytes:
+    if isinstance(image, bytes):
+        return image
+    try:
+        return Path(image).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{image}: cannot read ({exc.strerror})") from None
+
+
+class EmbeddingClient:
+    """Classify images with the served embedding model.
+
+    ``protocol``: ``rest`` (TorchServe /predictions), ``grpc`` (TorchServe gRPC), ``v1``/``v2``
+    (KServe). ``url``: the inference base URL (``host:port`` for gRPC); defaults come from
+    config.properties. Failures raise the typed errors of :mod:`client.errors`; connection failures
+    and 503 are retried ``retries`` times with exponential backoff starting at ``backoff`` seconds.
+    """
+
+    def __init__(self, url: str | None = None, *, protocol: str = "rest", model: str = MODEL_NAME,
+                 version: str | None = None, token: Token | str | None = None, timeout: float = 30.0,
+                 retries: int = 3, backoff: float = 0.2) -> None:
+        if protocol not in PROTOCOLS:
+            raise UsageError(f"unknown protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
+        if timeout <= 0:
+            raise UsageError("timeout must be positive")
+        self.protocol = protocol
+        self.url = url or default_url(protocol)
+        self.model = model
+        self.version = version
+        self.token = token if isinstance(token, Token) else Token(token, source="the token argument")
+        retry = RetryPolicy(retries=max(0, retries), backoff=backoff)
+        self.transport: Transport
+        if protocol == "grpc":
+            from .grpc_client import GrpcTransport
+
+            self.transport = GrpcTransport(self.url, model, version, self.token, timeout, retry)
+        else:
+            from .rest import Http, is_loopback
+
+            http = Http(timeout, retry, trust_env=not is_loopback(self.url))
+            if protocol == "rest":
+                from .rest import RestTransport
+
+                self.transport = RestTransport(self.url, model, version, self.token, http)
+            else:
+                from .kserve import KServeTransport
+
+                self.transport = KServeTransport(protocol, self.url, model, version, self.token, http)
+
+    def predict(self, image: Image) -> dict[str, Any]:
+        """The answer for one image (bytes or a path)."""
+        return self.transport.predict(read_image(image))
+
+    def predict_batch(self, images: Sequence[Image]) -> list[dict[str, Any] | BadImageError]:
+        """Answers in order; KServe sends all images in one request, TorchServe one request each."""
+        return self.transport.predict_batch([read_image(image) for image in images])
+
+    def predict_many(self, images: Sequence[Image], concurrency: int = 4,
+                     on_done: Callable[[], None] | None = None) -> Iterator[tuple[int, dict[str, Any] | ClientError]]:
+        """(index, answer or error) for each image, in completion order, ``concurrency`` requests in flight.
+
+        Per-image errors are yielded, not raised, so the caller decides what stops the run; leaving
+        the loop early cancels the requests not yet sent.
+        """
+        def one(image: Image) -> dict[str, Any] | ClientError:
+            try:
+                return self.predict(image)
+            except ClientError as exc:
+                return exc
+
+        pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="predict")
+        try:
+            pending: dict[Future, int] = {}
+            queue: Iterator[tuple[int, Image]] = iter(enumerate(images))
+            for index, image in queue:  # submit at most `concurrency` at a time, so early exits send no more
+                pending[pool.submit(one, image)] = index
+                if len(pending) >= max(1, concurrency):
+                    break
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    index = pending.pop(future)
+                    if on_done is not None:
+                        on_done()
+                    yield index, future.result()
+                    nxt = next(queue, None)
+                    if nxt is not None:
+                        pending[pool.submit(one, nxt[1])] = nxt[0]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def ping(self) -> str:
+        return self.transport.ping()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> "EmbeddingClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

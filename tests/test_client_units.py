@@ -1,0 +1,302 @@
+"""Client pieces that need no TorchServe: retries, timeouts and refusals against small local servers,
+tokens, gRPC stub generation, and decoding of the answers TorchServe's KServe envelopes produce."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from client import (
+    AuthError,
+    BadImageError,
+    ClientError,
+    ConnectionFailed,
+    EmbeddingClient,
+    ModelNotFoundError,
+    RequestTimeout,
+    ServerError,
+    kserve,
+    protos,
+    tokens,
+)
+from client.answers import as_answer
+from client.rest import auth_error
+from client.retry import RetryPolicy, with_retries
+from serving.config import REPO
+
+ANSWER = {"pred": "3", "dist": 0.1, "confidence": 1.0, "unknown": False, "neighbours": [{"label": "3", "dist": 0.1}]}
+
+
+@contextmanager
+def scripted_server(responses: list[tuple[int, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """An HTTP server answering each request with the next (status, JSON body); records what it got."""
+    seen: list[dict[str, Any]] = []
+    script = iter(responses)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append({"path": self.path, "headers": dict(self.headers), "body": body, "at": time.monotonic()})
+            status, answer = next(script)
+            data = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def silent_server() -> Iterator[tuple[int, list[socket.socket]]]:
+    """Accepts connections and never answers (a hung server); yields its port and the accepted sockets."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], accepted
+    finally:
+        stop.set()
+        thread.join(2)
+        for conn in accepted:
+            conn.close()
+        listener.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rest_sends_raw_bytes_with_the_token_to_the_versioned_path():
+    with scripted_server([(200, ANSWER)]) as (url, seen):
+        with EmbeddingClient(url, token="secret", version="2.0") as client:
+            assert client.predict(b"\x89PNG-bytes") == ANSWER
+    (request,) = seen
+    assert request["path"] == "/predictions/embedding/2.0"
+    assert request["headers"]["Authorization"] == "Bearer secret"
+    assert request["headers"]["Content-Type"] == "application/octet-stream"
+    assert request["body"] == b"\x89PNG-bytes"
+
+
+def test_503_is_retried_with_exponential_backoff_then_answered():
+    busy = {"code": 503, "type": "ServiceUnavailableException", "message": "Model has no worker"}
+    with scripted_server([(503, busy), (503, busy), (200, ANSWER)]) as (url, seen):
+        with EmbeddingClient(url, token="t", retries=3, backoff=0.1) as client:
+            assert client.predict(b"img") == ANSWER
+    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(seen)]
+    assert len(seen) == 3
+    assert 0.1 <= gaps[0] < 1.0 and 0.2 <= gaps[1] < 1.0, gaps  # waited 0.1 s, then twice that
+
+
+def test_503_retries_are_bounded():
+    busy = {"code": 503, "type": "ServiceUnavailableException", "message": "Model has no worker"}
+    with scripted_server([(503, busy)] * 5) as (url, seen):
+        with pytest.raises(ServerError, match="unavailable") as caught:
+            EmbeddingClient(url, token="t", retries=2, backoff=0.01).predict(b"img")
+    assert caught.value.status == 503 and caught.value.exit_code == 8 and len(seen) == 3
+
+
+@pytest.mark.parametrize("status,body,error", [
+    (400, {"error": "not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, TIFF)", "status": 400}, BadImageError),
+    (413, {"error": "image has 20000000 pixels, more than 16000000", "status": 413}, BadImageError),
+    (400, {"code": 400, "type": "InvalidKeyException", "message": "Token Authorization failed."}, AuthError),
+    (404, {"code": 404, "type": "ModelNotFoundException", "message": "Model not found: x"}, ModelNotFoundError),
+    (500, {"code": 500, "type": "InternalServerException", "message": "Worker died."}, ServerError),
+])
+def test_refusals_and_other_errors_are_typed_and_not_retried(status, body, error):
+    with scripted_server([(status, body)] * 3) as (url, seen):
+        with pytest.raises(error) as caught:
+            EmbeddingClient(url, token="t", retries=2, backoff=0.01).predict(b"img")
+    assert len(seen) == 1
+    if error is BadImageError:
+        assert caught.value.message == body["error"] and caught.value.status == body["status"]
+
+
+def test_retry_loop_doubles_its_delay_and_stops():
+    sleeps: list[float] = []
+    attempts: list[int] = []
+    client = EmbeddingClient(f"http://127.0.0.1:{closed_port()}", token="t", retries=0)  # one try per attempt
+
+    def attempt() -> dict:
+        attempts.append(1)
+        return client.predict(b"img")
+
+    with pytest.raises(ConnectionFailed, match="connection refused") as caught:
+        with_retries(attempt, RetryPolicy(retries=3, backoff=0.05), sleep=sleeps.append)
+    assert len(attempts) == 4 and caught.value.exit_code == 7
+    assert len(sleeps) == 3 and all(1 <= s / (0.05 * 2 ** i) <= 1.1 for i, s in enumerate(sleeps)), sleeps
+
+
+def test_connection_refused_through_the_client():
+    started = time.monotonic()
+    with pytest.raises(ConnectionFailed, match="connection refused"):
+        EmbeddingClient(f"http://127.0.0.1:{closed_port()}", token="t", retries=2, backoff=0.05).predict(b"img")
+    assert time.monotonic() - started >= 0.05 + 0.1  # both backoff delays were waited
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc", "v2"])
+def test_a_hung_server_times_out_without_retries(protocol):
+    with silent_server() as (port, accepted):
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout, match="within 0.5s") as caught:
+            EmbeddingClient(f"127.0.0.1:{port}" if protocol == "grpc" else f"http://127.0.0.1:{port}",
+                            protocol=protocol, token="t", timeout=0.5, retries=3, backoff=0.01).predict(b"img")
+        elapsed = time.monotonic() - started
+        assert caught.value.exit_code == 6
+        assert 0.5 <= elapsed < 2.0 and len(accepted) == 1
+
+
+def test_cli_reports_a_timeout_in_one_line(tmp_path):
+    (tmp_path / "digit.png").write_bytes(b"\x89PNG any bytes")
+    with silent_server() as (port, _):
+        result = subprocess.run([sys.executable, "-m", "client", "predict", "digit.png", "--url",
+                                 f"http://127.0.0.1:{port}", "--token", "t", "--timeout", "0.5"],
+                                capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                                env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert result.returncode == 6 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"client: error: no answer from 127.0.0.1:{port} within 0.5s"]
+
+
+def test_key_file_token_carries_its_expiry(tmp_path):
+    past = datetime.now(timezone.utc) - timedelta(minutes=5)
+    key_file = tmp_path / "key_file.json"
+    key_file.write_text(json.dumps({
+        "management": {"key": "mgmt", "expiration time": "2099-01-01T00:00:00.123456789Z"},
+        "inference": {"key": "inf", "expiration time": past.strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"},
+        "API": {"key": "api"}}))
+    inference = tokens.resolve("inference", key_file=key_file, env={})
+    management = tokens.resolve("management", key_file=key_file, env={})
+    assert (inference.value, management.value) == ("inf", "mgmt")
+    assert inference.expired() and not management.expired()
+    assert tokens.resolve("inference", key_file=key_file, env={"EMBEDDING_TOKEN": "from-env"}).value == "from-env"
+    assert tokens.resolve("inference", token="flag", key_file=key_file, env={"EMBEDDING_TOKEN": "e"}).value == "flag"
+
+
+def test_auth_errors_say_missing_expired_or_refused():
+    past = datetime.now(timezone.utc) - timedelta(minutes=1)
+    assert auth_error(tokens.Token(None), "host:1").reason == "missing"
+    assert "no token sent" in str(auth_error(tokens.Token(None), "host:1"))
+    expired = auth_error(tokens.Token("k", "key_file.json", past), "host:1")
+    assert expired.reason == "expired" and "expired at" in str(expired)
+    refused = auth_error(tokens.Token("k", "--token"), "host:1")
+    assert refused.reason == "refused" and "wrong or expired" in str(refused)
+
+
+def test_an_unreadable_key_file_is_a_usage_error(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ClientError, match="not a TorchServe key file") as caught:
+        tokens.resolve("inference", key_file=tmp_path / "bad.json", env={})
+    assert caught.value.exit_code == 2
+
+
+def test_stub_generation_is_atomic_and_safe_to_race(tmp_path):
+    target = tmp_path / "stubs"
+    errors: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            protos.generate(target)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=generate) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(p.name for p in (target / protos.PACKAGE).iterdir()) == [
+        "__init__.py", "inference_pb2.py", "inference_pb2_grpc.py", "management_pb2.py", "management_pb2_grpc.py"]
+    assert [p.name for p in tmp_path.iterdir()] == ["stubs"]  # no partial directories left behind
+    assert "from google.rpc import status_pb2" in (target / protos.PACKAGE / "inference_pb2.py").read_text()
+
+
+def test_stubs_are_generated_on_first_use_into_a_cache_keyed_by_versions(tmp_path):
+    code = ("from client import protos; s = protos.load(); print(s.directory); "
+            "print(s.inference_pb2.PredictionsRequest(model_name='m', input={'data': b'x'}).input['data'])")
+    env = dict(os.environ, EMBEDDING_GRPC_CACHE=str(tmp_path), PYTHONPATH=str(REPO))
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    assert first.returncode == 0, first.stderr
+    directory = Path(first.stdout.splitlines()[0])
+    assert directory.parent == tmp_path and directory.name.startswith("torchserve-0.12.0-grpcio-tools-")
+    assert first.stdout.splitlines()[1] == "b'x'"
+    stamp = (directory / protos.PACKAGE / "inference_pb2.py").stat().st_mtime_ns
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    assert second.returncode == 0 and (directory / protos.PACKAGE / "inference_pb2.py").stat().st_mtime_ns == stamp
+
+
+def test_answers_arrive_as_objects_or_json_text():
+    assert as_answer(ANSWER) == ANSWER
+    assert as_answer(json.dumps(ANSWER)) == ANSWER
+    assert as_answer(json.dumps(ANSWER).encode()) == ANSWER
+    with pytest.raises(BadImageError, match="empty body") as caught:
+        as_answer('{"error": "empty body: send an image", "status": 400}')
+    assert caught.value.status == 400
+    with pytest.raises(ClientError, match="no pred"):
+        as_answer({"label": "3"})
+
+
+def test_decodes_torchserve_kserve_envelope_answers():
+    """Bodies as TorchServe 0.12 returns them with service_envelope=kserve / kservev2 (answers as JSON text)."""
+    error = {"error": "not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, TIFF)", "status": 400}
+    v1 = {"predictions": [json.dumps(ANSWER), json.dumps(error)]}
+    first, second = kserve.decode_v1(v1, 2)
+    assert first == ANSWER and isinstance(second, BadImageError) and second.message == error["error"]
+    v2 = {"id": "abc", "model_name": "embedding", "model_version": "1.0", "outputs": [
+        {"name": "image-1", "datatype": "BYTES", "data": [json.dumps(error)], "shape": [1]},
+        {"name": "image-0", "datatype": "BYTES", "data": [json.dumps(ANSWER)], "shape": [1]}]}
+    first, second = kserve.decode_v2(v2, 2)  # matched by input name, not position
+    assert first == ANSWER and isinstance(second, BadImageError)
+    with pytest.raises(ClientError, match="1 answers for 2 images"):
+        kserve.decode_v2({"outputs": [{"name": "answer", "datatype": "BYTES", "data": [json.dumps(ANSWER)]}]}, 2)
+    with pytest.raises(ClientError, match="not a BYTES tensor"):
+        kserve.decode_v2({"outputs": [{"name": "image-0", "datatype": "FP32", "data": [0.5]}]}, 1)
+
+
+def test_kserve_v2_request_has_one_bytes_tensor_per_image():
+    request = kserve.encode_v2([b"\x01\x02", b"\x03"], request_id="r1")
+    assert request == {"id": "r1", "inputs": [
+        {"name": "image-0", "shape": [1], "datatype": "BYTES", "data": ["AQI="]},
+        {"name": "image-1", "shape": [1], "datatype": "BYTES", "data": ["Aw=="]}]}
+    assert kserve.encode_v1([b"\x03"]) == {"instances": [{"data": "Aw=="}]}
