@@ -95,6 +95,7 @@ export ERL_EPMD_ADDRESS=127.0.0.1
 export RABBITMQ_MNESIA_BASE='$DIR/mnesia'
 export RABBITMQ_LOG_BASE='$DIR/log'
 export RABBITMQ_PID_FILE='$DIR/rabbitmq.pid'
+export ERL_CRASH_DUMP='$DIR/erl_crash.dump'
 export RABBITMQ_CONFIG_FILE='$DIR/rabbitmq.conf'
 export RABBITMQ_ADVANCED_CONFIG_FILE='$DIR/advanced.config'
 export RABBITMQ_CONF_ENV_FILE='$DIR/rabbitmq-env.conf'
