@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=_positive_int, default=defaults.batch_size)
     p.add_argument("--lr", type=float, default=defaults.lr)
     p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--index", choices=INDEX_TYPES, default="flat", help="gallery index type")
+    p.add_argument("--index", choices=("auto", *INDEX_TYPES), default="auto",
+                   help="gallery index: auto (exact below 30k images, IVF above), flat, hnsw or ivf")
     p.add_argument("-k", type=_positive_int, default=DEFAULT_K, help="neighbours in the k-NN vote")
     p.add_argument("--threads", type=_positive_int, default=_env_threads(),
                    help="torch intra-op threads (default: $OMP_NUM_THREADS or 2)")

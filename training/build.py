@@ -47,7 +47,7 @@ def staged_directory(out: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str = "flat",
+def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str = "auto",
                     k: int = DEFAULT_K, cache_dir: Path | None = None, threads: int = 2,
                     plots: bool = True, log: Callable[[str], None] = print) -> dict:
     """Data -> trained TorchScript model -> FAISS gallery -> evaluation -> metadata, in `out`."""

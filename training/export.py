@@ -15,12 +15,14 @@ class ExportError(Exception):
 
 
 def export_torchscript(model: torch.nn.Module, path: Path, sample: np.ndarray) -> float:
-    """Script, save, reload and compare on `sample`; returns the max abs difference.
+    """Script, freeze, save, reload and compare on `sample`; returns the max abs difference.
 
     Raises ExportError (and leaves no file) when the reloaded model disagrees with the eager one.
     """
     model.eval()
-    scripted = torch.jit.script(model)
+    # Frozen: weights inlined and batch norm folded into the convolutions; still device-neutral, so
+    # the handler can run it on CUDA or apply CPU-specific optimisation at load time.
+    scripted = torch.jit.freeze(torch.jit.script(model))
     scripted.save(str(path))
     reloaded = torch.jit.load(str(path), map_location="cpu")
     x = torch.as_tensor(sample)

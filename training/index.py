@@ -9,6 +9,10 @@ import faiss
 import numpy as np
 
 INDEX_TYPES = ("flat", "hnsw", "ivf")
+#: `auto` picks exact search below this gallery size and IVF from it on. From bench/results: at 60k
+#: vectors IVF answers a query in 0.04 ms vs 0.27 ms exact with recall@1 1.000; at 5k exact is already
+#: fast and IVF's small lists would buy nothing.
+AUTO_IVF_MIN = 30_000
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 64
@@ -20,12 +24,20 @@ def default_search_params(kind: str) -> dict[str, Any]:
     return {"flat": {}, "hnsw": {"efSearch": HNSW_EF_SEARCH}, "ivf": {"nprobe": IVF_NPROBE}}[kind]
 
 
+def resolve_index_type(kind: str, n: int) -> str:
+    """The concrete index type for `kind` (one of INDEX_TYPES or "auto") and a gallery of n vectors."""
+    if kind == "auto":
+        return "ivf" if n >= AUTO_IVF_MIN else "flat"
+    if kind not in INDEX_TYPES:
+        raise ValueError(f"unknown index type {kind!r}; choose one of auto, {', '.join(INDEX_TYPES)}")
+    return kind
+
+
 def build_index(embeddings: np.ndarray, kind: str = "flat", seed: int = 0) -> faiss.Index:
     """Index L2-normalised float32 embeddings (N, D) for Euclidean search."""
-    if kind not in INDEX_TYPES:
-        raise ValueError(f"unknown index type {kind!r}; choose one of {', '.join(INDEX_TYPES)}")
     x = np.ascontiguousarray(embeddings, dtype=np.float32)
     n, dim = x.shape
+    kind = resolve_index_type(kind, n)
     if kind == "flat":
         index = faiss.IndexFlatL2(dim)
     elif kind == "hnsw":

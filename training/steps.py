@@ -32,7 +32,7 @@ from handler.search import DEFAULT_K, GallerySearcher
 from .data import Dataset, load_dataset
 from .evaluate import calibrate_threshold, evaluate, open_set_rejection, write_plots
 from .export import export_torchscript
-from .index import build_index, default_search_params, recall_at_1
+from .index import build_index, default_search_params, recall_at_1, resolve_index_type
 from .train import TrainConfig, embed, train_model
 
 TRAIN_FILE = "train.json"
@@ -101,11 +101,12 @@ def load_model(path: Path) -> torch.jit.ScriptModule:
     return torch.jit.load(str(path), map_location="cpu").eval()
 
 
-def build_gallery(data: PreparedData, out: Path, index_type: str = "flat", seed: int = 0,
+def build_gallery(data: PreparedData, out: Path, index_type: str = "auto", seed: int = 0,
                   log: Callable[[str], None] = print) -> dict:
     """Embed the training split with model.pt and write index.faiss, labels.json, index.json."""
     model = load_model(out / MODEL_FILE)
     gallery = embed(model, data.inputs("train"))
+    index_type = resolve_index_type(index_type, len(gallery))
     started = time.perf_counter()
     index = build_index(gallery, index_type, seed)
     build_seconds = time.perf_counter() - started

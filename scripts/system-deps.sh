@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# System packages the test suite uses beyond Java 17: wrk (the benchmark's HTTP load generator).
+# RabbitMQ is installed on demand by scripts/rabbitmq.sh. Installs only what is missing, as root.
+set -euo pipefail
+missing=()
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "system-deps: missing ${missing[*]}; install with: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
+  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; } \
+  || { echo "system-deps: apt-get install ${missing[*]} failed" >&2; exit 1; }
