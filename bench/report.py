@@ -1,0 +1,497 @@
+"""results.json -> targets (met/missed, by how much, why), results.md tables and PNG plots."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .stats import fmt, median, mid
+
+TARGET_C = 16
+TARGET_RATIO = 0.5
+TARGET_P99_MS = 25.0
+TARGET_START_S = 6.0
+TARGET_ARCHIVE_S = 10.0
+SPLIT_ORDER = ("frontend", "queue", "worker_other", "preprocess", "embed", "search")
+SPLIT_COLUMNS = (*SPLIT_ORDER, "outside_handler", "mean_batch")
+CEILING_NOTE = ("`EmbeddingService.answer` on the same PNG bytes, same model, index and preprocessing, no server. "
+                "Layout `2x1` = 2 processes x 1 torch thread (the shipped workers' budget), `1x2` = 1 process x "
+                "2 threads. images/s is summed over processes.")
+REST_NOTE = ("Load: `wrk -t1 -c<c>` with a Lua script posting the PNG bodies with `Authorization: Bearer "
+             "<inference key>`; the repo's config.properties on free ports, each configuration its own .mar "
+             "(generated model-config.yaml) and server. CPU: 100% = one core of the machine.")
+SPLIT_NOTE = ("frontend = client mean - TorchServe inference latency; queue = `ts_queue_latency_microseconds` "
+              "(includes waiting for the batch to fill: a lone request shows about maxBatchDelay); "
+              "worker other = inference - queue - handler (IPC, TorchServe's Python wrapper, logging and metrics, "
+              "waiting for a CPU); "
+              "preprocess / embed / search = the handler's per-batch stage times, request-weighted; "
+              "outside handler = client mean - handler.")
+GRPC_SPLIT_NOTE = ("TorchServe 0.12 does not add gRPC requests to `ts_inference_latency_microseconds` or "
+                   "`ts_queue_latency_microseconds`, so only the handler stages and the time outside the handler "
+                   "(client mean - handler) are split out.")
+PEERS_NOTE = ("Same `EmbeddingService`, same PNG bodies and wrk load, loopback, no token check. "
+              "LitServe: its batching (`max_batch_size`, `batch_timeout`), `workers_per_device` inference "
+              "processes, default API servers (one per worker), `fast_queue`. FastAPI + uvicorn: `--workers` "
+              "processes, each with an asyncio micro-batcher running one `answer` per batch on one thread.")
+GALLERY_NOTE = ("Build with 2 threads; search with 1 thread (one worker's budget); recall@1 against exact search on "
+                "real held-out queries; index MB = serialized size.")
+
+
+def _run_at(runs: Iterable[dict] | None, concurrency: int) -> dict | None:
+    return next((r for r in runs or [] if r["concurrency"] == concurrency), None)
+
+
+def _shipped(results: dict) -> dict | None:
+    return next((c for c in results.get("torchserve", []) if c.get("shipped")), None)
+
+
+def ceiling_best(results: dict) -> dict | None:
+    rows = (results.get("ceiling") or {}).get("rows") or []
+    return max(rows, key=lambda r: median(r["images_per_s"]) or 0.0) if rows else None
+
+
+def _ceiling_at(results: dict, processes: int, threads: int, batch: int) -> dict | None:
+    rows = (results.get("ceiling") or {}).get("rows") or []
+    return next((r for r in rows if (r["processes"], r["threads"], r["batch"]) == (processes, threads, batch)), None)
+
+
+def _target(name: str, goal: str, measured: str, met: bool | None, margin: str, why: str) -> dict[str, Any]:
+    return {"target": name, "goal": goal, "measured": measured, "met": met, "margin": margin, "why": why}
+
+
+def _split_text(run: dict) -> str:
+    split = run.get("split_ms") or {}
+    parts = [f"{k.replace('_', ' ')} {median(split[k]):.2f}" for k in SPLIT_ORDER if median(split.get(k)) is not None]
+    batch = mid(split.get("mean_batch"))
+    return ("mean latency split (ms): " + ", ".join(parts) + (f"; mean batch {batch:.1f}" if batch else "")) if parts else ""
+
+
+def _cpu_text(run: dict) -> str:
+    return (f"server CPU {median(run['server_cpu_pct']) or 0:.0f}%, load generator CPU "
+            f"{median(run['loadgen_cpu_pct']) or 0:.0f}% (100% = one core)")
+
+
+def targets(results: dict) -> list[dict[str, Any]]:
+    """Each target of issue #6 as met / missed / not measured, with the margin and the figures behind it."""
+    out = []
+    data_name = (results.get("data") or {}).get("name", "")
+    caveat = "" if data_name.startswith("fashion-mnist-60k") else f" [measured on {data_name}, not the 60k gallery]"
+    shipped = _shipped(results)
+    best_ceiling = ceiling_best(results)
+    run = _run_at(shipped.get("runs") if shipped else None, TARGET_C)
+    if shipped and run and best_ceiling:
+        ceil = mid(best_ceiling["images_per_s"])
+        thr = mid(run["throughput"])
+        ratio = thr / ceil if ceil else 0.0
+        same_batch = _ceiling_at(results, shipped["workers"], shipped["threads"], shipped["batch_size"])
+        same_text = (f"; the ceiling with the server's layout and batch ({same_batch['layout']}, batch "
+                     f"{same_batch['batch']}) is {mid(same_batch['images_per_s']):.0f} images/s") if same_batch else ""
+        out.append(_target(
+            f"REST throughput, shipped config, c={TARGET_C}", f">= {TARGET_RATIO:.0%} of the in-process ceiling",
+            f"{thr:.0f} req/s = {ratio:.0%} of {ceil:.0f} images/s ({best_ceiling['layout']}, batch {best_ceiling['batch']})",
+            ratio >= TARGET_RATIO, f"{100 * (ratio - TARGET_RATIO):+.0f} points",
+            _cpu_text(run) + "; " + _split_text(run) + same_text + caveat))
+    else:
+        out.append(_target(f"REST throughput, shipped config, c={TARGET_C}", f">= {TARGET_RATIO:.0%} of ceiling",
+                           "not measured", None, "", "needs the ceiling and rest sections at c=16"))
+    if run:
+        p99 = mid(run["p99_ms"])
+        out.append(_target(f"REST p99, shipped config, c={TARGET_C}", f"<= {TARGET_P99_MS:.0f} ms", f"{p99:.1f} ms",
+                           p99 <= TARGET_P99_MS, f"{TARGET_P99_MS - p99:+.1f} ms headroom",
+                           f"p50 {mid(run['p50_ms']):.1f} ms, p90 {mid(run['p90_ms']):.1f} ms; " + _split_text(run)
+                           + caveat))
+    else:
+        out.append(_target(f"REST p99, shipped config, c={TARGET_C}", f"<= {TARGET_P99_MS:.0f} ms", "not measured",
+                           None, "", "needs the rest section at c=16"))
+    out.append(_peer_target(results, shipped))
+    out.append(_best_config_target(results))
+    out.append(_gallery_target(results))
+    cold = results.get("cold_start") or {}
+    mar = f".mar {cold.get('mar_mb', 0):.1f} MB"
+    out.append(_time_target("TorchServe start to READY", cold.get("start_to_ready_s"), TARGET_START_S,
+                            "READY = a worker of the model reports READY: JVM start, .mar unpack, then the worker "
+                            f"imports torch, verifies the SHA-256 of model/index/labels and loads them; {mar}"))
+    out.append(_time_target("./archive.sh with existing artifacts", cold.get("archive_s"), TARGET_ARCHIVE_S,
+                            f"bootstrap check, Python start, SHA-256 verification, torch-model-archiver zipping; {mar}"))
+    return out
+
+
+def _at_target_c(items: Iterable[Any], runs_of: Any) -> list[tuple[Any, dict]]:
+    """(item, its run at the target concurrency) for the items measured there."""
+    return [(item, run) for item in items if (run := _run_at(runs_of(item), TARGET_C)) is not None]
+
+
+def _time_target(name: str, summary: dict | None, limit_s: float, why: str) -> dict[str, Any]:
+    value = median(summary)
+    if value is None:
+        return _target(name, f"<= {limit_s:.0f} s", "not measured", None, "", "")
+    return _target(name, f"<= {limit_s:.0f} s", fmt(summary, 2, " s"), value <= limit_s, f"{limit_s - value:+.2f} s", why)
+
+
+def _peer_target(results: dict, shipped: dict | None) -> dict[str, Any]:
+    name = f"TorchServe ahead of peers at c={TARGET_C}"
+    goal = "higher req/s than every peer at equal or better p99"
+    peers = _at_target_c(results.get("peers", []), lambda p: p.get("runs"))
+    ts_runs = _at_target_c([("REST", (shipped or {}).get("runs")), ("gRPC", (results.get("grpc") or {}).get("runs"))],
+                           lambda kr: kr[1])
+    if not peers or not ts_runs:
+        return _target(name, goal, "not measured", None, "", "needs rest or grpc, and peers, at c=16")
+    wins, lines = [], []
+    for peer, pr in peers:
+        beaten_by = [k for (k, _), r in ts_runs if mid(r["throughput"]) > mid(pr["throughput"])
+                     and mid(r["p99_ms"]) <= mid(pr["p99_ms"])]
+        wins.append(bool(beaten_by))
+        lines.append(f"{peer['name']} {mid(pr['throughput']):.0f} req/s p99 {mid(pr['p99_ms']):.1f} ms"
+                     + (f" (beaten by {'/'.join(beaten_by)})" if beaten_by else " (not beaten)"))
+    best_ts = max(mid(r["throughput"]) for _, r in ts_runs)
+    best_peer = max(mid(r["throughput"]) for _, r in peers)
+    ts_text = "; ".join(f"{k} {mid(r['throughput']):.0f} req/s p99 {mid(r['p99_ms']):.1f} ms" for (k, _), r in ts_runs)
+    return _target(name, goal, ts_text, all(wins), f"best TorchServe / best peer = {best_ts / best_peer:.2f}x",
+                   "; ".join(lines))
+
+
+def _best_config_target(results: dict) -> dict[str, Any]:
+    name = "Shipped defaults are the best configuration"
+    goal = f"highest c={TARGET_C} req/s among configurations with p99 <= {TARGET_P99_MS:.0f} ms"
+    rows = _at_target_c(results.get("torchserve", []), lambda c: c.get("runs"))
+    if len(rows) < 2:
+        return _target(name, goal, "not measured", None, "", "needs more than one configuration at c=16")
+    ok = [(c, r) for c, r in rows if mid(r["p99_ms"]) <= TARGET_P99_MS]
+    if not ok:
+        goal += " (none met it: ranked by req/s alone)"
+        ok = rows
+    best_cfg, best = max(ok, key=lambda cr: mid(cr[1]["throughput"]))
+    shipped = next((r for c, r in rows if c.get("shipped")), None)
+    if shipped is None:
+        return _target(name, goal, "shipped configuration not measured", None, "", "")
+    tie = shipped["throughput"]["max"] >= best["throughput"]["min"]
+    met = best_cfg.get("shipped") or (tie and mid(shipped["p99_ms"]) <= TARGET_P99_MS)
+    ranking = ", ".join(f"{c['name']} {mid(r['throughput']):.0f} req/s p99 {mid(r['p99_ms']):.1f} ms"
+                        for c, r in sorted(rows, key=lambda cr: -mid(cr[1]["throughput"])))
+    measured = f"best: {best_cfg['name']} ({best_cfg['label']})"
+    margin = f"shipped = {mid(shipped['throughput']) / mid(best['throughput']):.2f}x best" + (
+        " (min-max ranges overlap: a tie)" if tie and not best_cfg.get("shipped") else "")
+    return _target(name, goal, measured, bool(met), margin, ranking)
+
+
+def _gallery_target(results: dict) -> dict[str, Any]:
+    gal = results.get("gallery") or {}
+    rec = gal.get("recommendation", {}).get("largest")
+    name = "Largest gallery: single query <= 1 ms at recall@1 >= 0.98"
+    if not rec:
+        return _target(name, "current HNSW or IVF params in training/index.py", "not measured", None, "", "")
+    rows = [r for r in gal["rows"] if r["gallery"] == rec["gallery"] and r["index"] != "flat"]
+    measured = "; ".join(f"{r['index']} {mid(r['latency_b1_ms']):.3f} ms recall {r['recall_at_1']:.4f}" for r in rows)
+    met = any(rec["current_params_meet_target"].values())
+    tuned = "; ".join(f"{k}: " + (", ".join(f"{p}={v}" for p, v in t.items() if p not in ("recall_at_1", "latency_b1_ms"))
+                                  + f" (recall@1 {t['recall_at_1']:.4f}, {t['latency_b1_ms']:.3f} ms)"
+                                  if t else "no swept value meets it") for k, t in rec["tuned"].items())
+    margin = "; ".join(f"{r['index']}: {1.0 - mid(r['latency_b1_ms']):+.3f} ms, recall {r['recall_at_1'] - 0.98:+.4f}"
+                       for r in rows)
+    return _target(f"{name} ({rec['gallery']})", "with the current params in training/index.py", measured, met,
+                   margin, f"cheapest swept settings meeting it: {tuned}")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _status(met: bool | None) -> str:
+    return {True: "**met**", False: "**missed**", None: "not measured"}[met]
+
+
+def _load_rows(runs: list[dict], label: str) -> list[list[str]]:
+    return [[label, r["concurrency"], fmt(r["throughput"], 0), fmt(r["p50_ms"], 1), fmt(r["p90_ms"], 1),
+             fmt(r["p99_ms"], 1), r["errors"], fmt(r["loadgen_cpu_pct"], 0), fmt(r["server_cpu_pct"], 0)]
+            for r in runs]
+
+
+LOAD_HEADER = ["server / config", "c", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors", "load gen CPU %",
+               "server CPU %"]
+
+
+def _memory_rows(name: str, entry: dict) -> list[list[str]]:
+    idle = {m["pid"]: m for m in entry.get("memory_idle", [])}
+    loaded = {m["pid"]: m for m in entry.get("memory_loaded", [])}
+    rows = [[name, f"{m['role']} ({pid})", f"{m['rss_mb']:.0f}",
+             f"{loaded[pid]['rss_mb']:.0f}" if pid in loaded else "gone"] for pid, m in idle.items()]
+    total_idle = sum(m["rss_mb"] for m in idle.values())
+    total_loaded = sum(m["rss_mb"] for m in loaded.values())
+    rows.append([name, "**total**", f"{total_idle:.0f}", f"{total_loaded:.0f}"])
+    return rows
+
+
+def markdown(results: dict) -> str:
+    m, v, s = results["machine"], results["versions"], results["settings"]
+    load = results.get("load_average", {})
+    parts = [
+        "# Embedding service benchmark",
+        "",
+        (f"Mode **{results['mode']}**, started {results['started']}, took {results.get('duration_s', 0):.0f} s. "
+         f"Every figure is the median over {s['trials']} trial(s), min-max in parentheses; all were measured in this "
+         "one run, one after the other, on this machine."),
+        "",
+        (f"- Machine: {m['cpu_model']}, {m['logical_cores']} logical / {m['physical_cores']} physical cores, "
+         f"{m['memory_gib']} GiB, {m['os']}"),
+        (f"- Versions: Python {v['python']}, torch {v['torch']}, faiss-cpu {v['faiss-cpu']}, torchserve "
+         f"{v['torchserve']}, torch-model-archiver {v['torch-model-archiver']}, Java `{v['java']}`, {v['wrk']}, "
+         f"grpcio {v['grpcio']}, litserve {v['litserve']}, fastapi {v['fastapi']}, uvicorn {v['uvicorn']}, "
+         f"numpy {v['numpy']}, pillow {v['pillow']}"),
+        f"- Load average (1/5/15 min) at start {load.get('start')}, at end {load.get('end')}"
+        + (" — **the machine was not quiet: treat the figures as indicative**"
+           if load.get("start") and load["start"][0] >= 0.3 else ""),
+    ]
+    data = results.get("data")
+    if data:
+        parts.append(f"- Served gallery: {data['description']} ({data['gallery_size']:,} x {data['dim']}, held-out "
+                     f"k-NN accuracy {data.get('accuracy') or 0:.3f}). Requests: {data['request_images']} held-out "
+                     f"images as PNG, dark on white, 112x112 (mean {data['mean_request_bytes']:.0f} bytes), "
+                     "raw body `application/octet-stream`, cycled.")
+    parts += ["", "## Targets", "", _table(
+        ["target", "goal", "measured", "status", "margin", "why (figures)"],
+        [[t["target"], t["goal"], t["measured"], _status(t["met"]), t["margin"], t["why"]]
+         for t in results.get("targets", [])])]
+    if results.get("ceiling"):
+        parts += ["", "## 1. In-process ceiling", "",
+                  CEILING_NOTE, "",
+                  _table(["layout", "batch", "images/s", "batch p50 ms"],
+                         [[r["layout"], r["batch"], fmt(r["images_per_s"], 0), fmt(r["batch_ms_p50"], 2)]
+                          for r in results["ceiling"]["rows"]])]
+    ts = results.get("torchserve") or []
+    if ts:
+        parts += ["", "## 2. TorchServe REST", "",
+                  REST_NOTE, "",
+                  _table(["config", "workers x threads, batching", "index", "start to READY s", ".mar MB", "error"],
+                         [[c["name"], c["label"], c["index"] or "as built",
+                           f"{c['start_to_ready_s']:.2f}" if "start_to_ready_s" in c else "-",
+                           f"{c['mar_mb']:.1f}" if "mar_mb" in c else "-", c.get("error", "")] for c in ts]),
+                  "", _table(LOAD_HEADER, [row for c in ts for row in _load_rows(c.get("runs", []), c["name"])]),
+                  "", "### Latency split (mean ms per request)", "",
+                  SPLIT_NOTE, "",
+                  _table(["config", "c", "client mean", *(k.replace("_", " ") for k in SPLIT_COLUMNS)],
+                         [[c["name"], r["concurrency"], fmt(r["mean_ms"], 2), *_split_cells(r)]
+                          for c in ts for r in c.get("runs", [])])]
+    grpc = results.get("grpc")
+    if grpc:
+        parts += ["", "## 3. TorchServe gRPC", ""]
+        if grpc.get("available"):
+            parts += [(f"Shipped configuration ({grpc['label']}), `Predictions` RPC with the bearer token in "
+                       f"metadata; load from {grpc['processes']} Python processes (grpc.aio closed loops, stubs from "
+                       "`client.protos`), their CPU measured with psutil."), "",
+                      _table(LOAD_HEADER, _load_rows(grpc["runs"], "gRPC shipped")), "",
+                      GRPC_SPLIT_NOTE, "",
+                      _table(["c", "client mean", *(k.replace("_", " ") for k in SPLIT_COLUMNS)],
+                             [[r["concurrency"], fmt(r["mean_ms"], 2), *_split_cells(r)] for r in grpc["runs"]])]
+        else:
+            parts.append(f"Not measured: {grpc.get('reason')}")
+    peers = results.get("peers") or []
+    if peers:
+        parts += ["", "## 4. Peers", "",
+                  PEERS_NOTE, "",
+                  _table(["peer", "settings", "start to ready s", "error"],
+                         [[p["name"], p["label"], f"{p.get('start_to_ready_s', 0):.2f}", p.get("error", "")]
+                          for p in peers]), "",
+                  _table(LOAD_HEADER, [row for p in peers for row in _load_rows(p.get("runs", []), p["name"])])]
+    side = _side_by_side(results)
+    if side:
+        parts += ["", f"### Side by side at c={TARGET_C}", "", _table(LOAD_HEADER, side)]
+    gal = results.get("gallery")
+    if gal:
+        parts += ["", "## 5. Gallery scaling", "", *(f"- **{s['name']}**: {s['description']}" for s in gal["sets"]), "",
+                  GALLERY_NOTE, "",
+                  _table(["gallery", "size", "index", "params", "build s", "index MB", "RSS delta MB", "recall@1",
+                          "batch 1 ms/query", "batch 64 ms/batch"],
+                         [[r["gallery"], f"{r['size']:,}", r["index"], _params(r["params"]), f"{r['build_s']:.2f}",
+                           f"{r['index_mb']:.1f}", f"{r['rss_delta_mb']:.0f}", f"{r['recall_at_1']:.4f}",
+                           fmt(r["latency_b1_ms"], 3), fmt(r["latency_b64_ms"], 2)] for r in gal["rows"]])]
+        if gal.get("sweeps"):
+            parts += ["", f"Search-time sweep on {gal['sweeps'][0]['gallery']} (build parameters as above):", "",
+                      ("Meets target: median batch-1 latency <= 1 ms and recall@1 minus two standard errors over "
+                       f"the {gal['sweeps'][0]['queries']} queries >= 0.98."), "",
+                      _table(["index", "knob", "value", "recall@1", "batch 1 ms/query", "meets target"],
+                             [[w["index"], w["param"], w["value"], f"{w['recall_at_1']:.4f}", fmt(w["latency_b1_ms"], 3),
+                               "yes" if w["meets_target"] else "no"]
+                              for w in gal["sweeps"]])]
+        rec = gal.get("recommendation", {})
+        parts += ["", f"Default index rule: {rec.get('rule', '')}.", ""]
+        for gname, pick in rec.get("per_gallery", {}).items():
+            parts.append(f"- {gname}: **{pick['index']}** ({_params(pick['params'])}, {pick['latency_b1_ms']:.3f} ms, "
+                         f"recall@1 {pick['recall_at_1']:.4f})" if pick else f"- {gname}: no index meets recall")
+    cold = results.get("cold_start")
+    if cold:
+        parts += ["", "## 6. Cold start", "",
+                  _table(["step", "time", ".mar MB"],
+                         [["./archive.sh --no-train (existing artifacts)", fmt(cold["archive_s"], 2, " s"),
+                           f"{cold['mar_mb']:.1f}"],
+                          ["TorchServe start to READY (shipped config)", fmt(cold.get("start_to_ready_s"), 2, " s"), ""]])]
+    mem = [row for c in ts if c.get("memory_idle") for row in _memory_rows(f"TorchServe {c['name']}", c)]
+    mem += [row for p in peers if p.get("memory_idle") for row in _memory_rows(p["name"], p)]
+    if mem:
+        parts += ["", "## 7. Memory (RSS MB)", "",
+                  "Idle = 1 s after READY; after load = after the last trial.", "",
+                  _table(["server", "process", "idle", "after load"], mem)]
+    if results.get("plots"):
+        parts += ["", "## Plots", "", *(f"![{p}]({p})" for p in results["plots"])]
+    return "\n".join(parts) + "\n"
+
+
+def _split_cells(run: dict) -> list[str]:
+    split = run.get("split_ms") or {}
+    return [fmt(split.get(k), 1 if k == "mean_batch" else 2) for k in SPLIT_COLUMNS]
+
+
+def _params(params: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "-"
+
+
+def _side_by_side(results: dict) -> list[list[str]]:
+    rows = []
+    for c in results.get("torchserve", []):
+        run = _run_at(c.get("runs"), TARGET_C)
+        if run:
+            rows += _load_rows([run], f"TorchServe REST {c['name']}")
+    grpc = results.get("grpc") or {}
+    run = _run_at(grpc.get("runs"), TARGET_C)
+    if run:
+        rows += _load_rows([run], "TorchServe gRPC shipped")
+    for p in results.get("peers", []):
+        run = _run_at(p.get("runs"), TARGET_C)
+        if run:
+            rows += _load_rows([run], p["name"])
+    return rows
+
+
+def _series(results: dict) -> list[tuple[str, list[dict], str]]:
+    out = [(f"REST {c['name']}", c.get("runs", []), "-") for c in results.get("torchserve", [])]
+    grpc = results.get("grpc") or {}
+    if grpc.get("runs"):
+        out.append(("gRPC shipped", grpc["runs"], "--"))
+    out += [(p["name"], p.get("runs", []), ":") for p in results.get("peers", [])]
+    return [s for s in out if s[1]]
+
+
+def plots(results: dict, out: Path) -> list[str]:
+    """Write the PNGs the data allows; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+
+    def save(fig: Any, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        written.append(name)
+
+    series = _series(results)
+    best = ceiling_best(results)
+    for key, name, ylabel in (("throughput", "throughput.png", "requests/s"), ("p99_ms", "latency_p99.png", "p99 ms")):
+        if not series:
+            break
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for label, runs, style in series:
+            xs = [r["concurrency"] for r in runs]
+            mids = [mid(r[key]) for r in runs]
+            err = [[m - r[key]["min"] for m, r in zip(mids, runs)], [r[key]["max"] - m for m, r in zip(mids, runs)]]
+            ax.errorbar(xs, mids, yerr=err, linestyle=style, marker="o", capsize=3, label=label)
+        if key == "throughput" and best:
+            ceil = mid(best["images_per_s"])
+            ax.axhline(ceil, color="black", linestyle="--", linewidth=1, label=f"in-process ceiling {ceil:.0f}/s")
+            ax.axhline(TARGET_RATIO * ceil, color="grey", linestyle=":", linewidth=1, label="50% of ceiling")
+        if key == "p99_ms":
+            ax.axhline(TARGET_P99_MS, color="grey", linestyle=":", linewidth=1, label=f"{TARGET_P99_MS:.0f} ms target")
+            ax.set_yscale("log")
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r["concurrency"] for _, runs, _ in series for r in runs})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        save(fig, name)
+    split_rows = []
+    for label, runs, _ in series:
+        pick = _run_at(runs, TARGET_C) or (runs[-1] if runs else None)
+        if pick and pick.get("split_ms"):
+            split_rows.append((f"{label} c={pick['concurrency']}", pick["split_ms"]))
+    if split_rows:
+        fig, ax = plt.subplots(figsize=(8, 0.5 * len(split_rows) + 2.2))
+        seen: set[str] = set()
+        for i, (label, split) in enumerate(split_rows):
+            left = 0.0
+            stages = SPLIT_ORDER if median(split.get("frontend")) is not None else (
+                "outside_handler", "preprocess", "embed", "search")
+            for stage in stages:
+                width = max(0.0, median(split.get(stage)) or 0.0)
+                color = f"C{(*SPLIT_ORDER, 'outside_handler').index(stage)}"
+                ax.barh(i, width, left=left, color=color, label=stage if stage not in seen else None)
+                seen.add(stage)
+                left += width
+        ax.set_yticks(range(len(split_rows)), [label for label, _ in split_rows], fontsize=7)
+        ax.set_xlabel("mean ms per request")
+        ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+        save(fig, "latency_split.png")
+    rows = (results.get("ceiling") or {}).get("rows") or []
+    if rows:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for layout in dict.fromkeys(r["layout"] for r in rows):
+            sel = [r for r in rows if r["layout"] == layout]
+            mids = [mid(r["images_per_s"]) for r in sel]
+            err = [[m - r["images_per_s"]["min"] for m, r in zip(mids, sel)],
+                   [r["images_per_s"]["max"] - m for m, r in zip(mids, sel)]]
+            ax.errorbar([r["batch"] for r in sel], mids, yerr=err, marker="o", capsize=3, label=layout)
+        ax.set_xscale("log", base=2)
+        batches = sorted({r["batch"] for r in rows})
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_xlabel("batch")
+        ax.set_ylabel("images/s")
+        ax.set_title("in-process ceiling")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        save(fig, "ceiling.png")
+    gal = results.get("gallery")
+    if gal and gal.get("rows"):
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        for kind in dict.fromkeys(r["index"] for r in gal["rows"]):
+            sel = [r for r in gal["rows"] if r["index"] == kind]
+            ax1.plot([r["size"] for r in sel], [mid(r["latency_b1_ms"]) for r in sel], marker="o", label=kind)
+        ax1.axhline(gal["target"]["latency_b1_ms"], color="grey", linestyle=":", label="1 ms target")
+        ax1.set_xscale("log")
+        ax1.set_yscale("log")
+        ax1.set_xlabel("gallery size")
+        ax1.set_ylabel("ms per query (batch 1, 1 thread)")
+        ax1.legend()
+        ax1.grid(alpha=0.3)
+        for kind in dict.fromkeys(w["index"] for w in gal.get("sweeps", [])):
+            sel = [w for w in gal["sweeps"] if w["index"] == kind]
+            ax2.plot([mid(w["latency_b1_ms"]) for w in sel], [w["recall_at_1"] for w in sel], marker="o",
+                     label=f"{kind} ({sel[0]['param']})")
+            for w in sel:
+                ax2.annotate(str(w["value"]), (mid(w["latency_b1_ms"]), w["recall_at_1"]), fontsize=7)
+        ax2.axhline(gal["target"]["recall_at_1"], color="grey", linestyle=":")
+        ax2.axvline(gal["target"]["latency_b1_ms"], color="grey", linestyle=":")
+        ax2.set_xlabel("ms per query (batch 1)")
+        ax2.set_ylabel("recall@1 vs exact")
+        ax2.set_title(gal["sweeps"][0]["gallery"] if gal.get("sweeps") else "")
+        ax2.legend()
+        ax2.grid(alpha=0.3)
+        save(fig, "gallery.png")
+    mem = [(f"TorchServe {c['name']}", c) for c in results.get("torchserve", []) if c.get("memory_idle")]
+    mem += [(p["name"], p) for p in results.get("peers", []) if p.get("memory_idle")]
+    if mem:
+        fig, ax = plt.subplots(figsize=(8, 0.45 * len(mem) + 1.5))
+        for i, (label, entry) in enumerate(mem):
+            idle = sum(m["rss_mb"] for m in entry.get("memory_idle", []))
+            loaded = sum(m["rss_mb"] for m in entry.get("memory_loaded", []))
+            ax.barh(i + 0.2, idle, height=0.4, color="C0", label="idle" if i == 0 else None)
+            ax.barh(i - 0.2, loaded, height=0.4, color="C1", label="after load" if i == 0 else None)
+        ax.set_yticks(range(len(mem)), [label for label, _ in mem], fontsize=7)
+        ax.set_xlabel("RSS MB, all processes")
+        ax.legend()
+        save(fig, "memory.png")
+    return written
