@@ -24,7 +24,7 @@ from typing import Any
 
 from serving.archive import ArchiveError
 from serving.config import DEFAULT_ARTIFACTS
-from serving.server import ServerError
+from serving.server import ServerError, free_ports
 
 from . import ceiling, coldstart, env, gallery, report
 from .data import FASHION_DIR, ServingData, embed_images, gallery_vectors, serving_data
@@ -34,7 +34,7 @@ from .peers import PATH, PeerConfig, launch, wait_ready
 from .procs import ProcessTree, generic_role, stop_group
 from .series import sweep
 from .stats import summarize
-from .torchserve import TorchServeProbe, TorchServeRun, configurations, free_ports, shipped_config
+from .torchserve import TorchServeProbe, TorchServeRun, configurations, shipped_config
 
 SECTIONS = ("ceiling", "rest", "grpc", "peers", "coldstart", "gallery")
 DEFAULT_CACHE = Path.home() / ".cache" / "mnist-embedding" / "bench"

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import tempfile
 import time
 import urllib.request
@@ -37,8 +36,8 @@ import psutil
 import yaml
 
 from serving.archive import build_mar
-from serving.config import CONFIG_FILE, MODEL_CONFIG_FILE, read_properties, with_ports, write_properties
-from serving.server import Instance, start, stop
+from serving.config import MODEL_CONFIG_FILE
+from serving.server import Instance, private_instance, start, stop
 
 from .procs import ProcessTree
 
@@ -101,27 +100,6 @@ def write_model_config(cfg: TSConfig, path: Path) -> Path:
     data.setdefault("handler", {})["threads"] = cfg.threads
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-def free_ports(n: int) -> list[int]:
-    sockets, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-        ports.append(s.getsockname()[1])
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def make_instance(workdir: Path) -> Instance:
-    """The repo's config.properties on free loopback ports, in a private working directory."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    props = with_ports(read_properties(CONFIG_FILE), *free_ports(5))
-    config = workdir / "config.properties"
-    write_properties(props, config)
-    return Instance(workdir=workdir, config=config)
 
 
 def scrape(metrics_url: str) -> dict[str, float]:
@@ -204,7 +182,7 @@ class TorchServeRun:
         self.artifacts = artifacts
         self.workdir = Path(tempfile.mkdtemp(prefix=f"ts-{cfg.name}-", dir=root))
         self.store = self.workdir / "model_store"
-        self.instance = make_instance(self.workdir / "server")
+        self.instance = private_instance(self.workdir / "server")
         self.start_to_ready_s: float | None = None
         self.mar_bytes: int | None = None
 

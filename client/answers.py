@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from .errors import BadImageError, ClientError
 
@@ -32,3 +32,14 @@ def as_answer(item: Any) -> dict[str, Any]:
     if missing:
         raise ClientError(f"unexpected answer (no {', '.join(missing)}): {json.dumps(item)[:120]}")
     return item
+
+
+def predict_each(predict: Callable[[bytes], dict[str, Any]], images: list[bytes]) -> list[dict[str, Any] | BadImageError]:
+    """One request per image, in order; a refused image becomes its BadImageError instead of stopping the rest."""
+    out: list[dict[str, Any] | BadImageError] = []
+    for image in images:
+        try:
+            out.append(predict(image))
+        except BadImageError as exc:
+            out.append(exc)
+    return out

@@ -20,7 +20,7 @@ import grpc
 from google.protobuf import empty_pb2
 
 from . import protos
-from .answers import as_answer
+from .answers import as_answer, predict_each
 from .errors import BadImageError, ClientError, ConnectionFailed, ModelNotFoundError, RequestTimeout, ServerError
 from .rest import auth_error, is_loopback
 from .retry import RetryPolicy, with_retries
@@ -91,13 +91,7 @@ class GrpcTransport:
         return as_answer(self._call(self.stub.Predictions, request).prediction)
 
     def predict_batch(self, images: list[bytes]) -> list[dict[str, Any] | BadImageError]:
-        out: list[dict[str, Any] | BadImageError] = []
-        for image in images:
-            try:
-                out.append(self.predict(image))
-            except BadImageError as exc:
-                out.append(exc)
-        return out
+        return predict_each(self.predict, images)
 
     def ping(self) -> str:
         health = self._call(self.stub.Ping, empty_pb2.Empty()).health

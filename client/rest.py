@@ -14,7 +14,7 @@ from urllib.parse import quote, urlsplit
 
 import requests
 
-from .answers import as_answer
+from .answers import as_answer, predict_each
 from .errors import (
     AuthError,
     BadImageError,
@@ -159,13 +159,7 @@ class RestTransport:
         return as_answer(body)
 
     def predict_batch(self, images: list[bytes]) -> list[dict[str, Any] | BadImageError]:
-        out: list[dict[str, Any] | BadImageError] = []
-        for image in images:
-            try:
-                out.append(self.predict(image))
-            except BadImageError as exc:
-                out.append(exc)
-        return out
+        return predict_each(self.predict, images)
 
     def ping(self) -> str:
         response = self.http.request("GET", f"{self.base_url}/ping", headers=self.token.header())

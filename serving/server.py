@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from .config import CONFIG_FILE, KEY_FILE, MODEL_NAME, REPO, Endpoints, read_properties
+from .config import CONFIG_FILE, KEY_FILE, MODEL_NAME, REPO, Endpoints, read_properties, with_ports, write_properties
 
 PID_FILE = ".model_server.pid"  # TorchServe's launcher writes it into $TMPDIR
 
@@ -211,3 +211,25 @@ def stop(instance: Instance, timeout: float = 20.0) -> bool:
     psutil.wait_procs(alive, timeout=5)
     (instance.tmpdir / PID_FILE).unlink(missing_ok=True)
     return True
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct loopback ports that were free a moment ago."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def private_instance(workdir: Path, base_config: Path = CONFIG_FILE, **overrides: str) -> Instance:
+    """The project's config on free loopback ports in its own workdir, to run beside another server."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    props = with_ports(read_properties(base_config), *free_ports(5))
+    props.update(overrides)
+    config = workdir / "config.properties"
+    write_properties(props, config)
+    return Instance(workdir=workdir, config=config)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -13,6 +12,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for the helper modules beside the tests
 
 import torch  # noqa: E402
+
+from serving.server import free_ports  # noqa: E402,F401  (re-exported for the tests)
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -51,29 +52,11 @@ def model_store(tmp_path_factory, tiny_artifacts) -> Path:
     return store
 
 
-def free_ports(n: int) -> list[int]:
-    sockets, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-        ports.append(s.getsockname()[1])
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def make_instance(workdir: Path, **overrides: str):
     """An Instance with the project's config.properties on free loopback ports, in its own workdir."""
-    from serving.config import CONFIG_FILE, read_properties, with_ports, write_properties
-    from serving.server import Instance
+    from serving.server import private_instance
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    props = with_ports(read_properties(CONFIG_FILE), *free_ports(5))
-    props.update(overrides)
-    config = workdir / "config.properties"
-    write_properties(props, config)
-    return Instance(workdir=workdir, config=config)
+    return private_instance(workdir, **overrides)
 
 
 @pytest.fixture(scope="session")
