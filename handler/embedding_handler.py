@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from http import HTTPStatus
 
 import torch
 from ts.torch_handler.base_handler import BaseHandler
@@ -71,7 +72,9 @@ class EmbeddingHandler(BaseHandler):
                 answer = {**answer, "model_version": version}
             if per_request:
                 if "error" in answer:
-                    self.context.set_response_status(answer["status"], answer["error"][:200], idx)
+                    # The standard phrase, never the message: TorchServe 0.12 frames the phrase by characters
+                    # but writes UTF-8 bytes, so client text in it could desynchronise the worker protocol.
+                    self.context.set_response_status(answer["status"], HTTPStatus(answer["status"]).phrase, idx)
                 self.context.set_response_content_type(idx, "application/json")
                 if self._is_grpc(idx):
                     # Ends a gRPC StreamPredictions call after its one answer; without it TorchServe 0.12
@@ -103,5 +106,5 @@ class EmbeddingHandler(BaseHandler):
         for name in row:
             header = self.context.get_request_header(idx, name)
             if isinstance(header, dict):
-                types[name] = header.get("content-type", "") or ""
+                types[name] = (header.get("content-type", "") or "").lower()
         return types

@@ -34,6 +34,8 @@ STD = 0.3081
 DEFAULT_MAX_PIXELS = 16_000_000
 #: Pixels darker than this fraction of the stretched range count as background.
 INK_THRESHOLD = 0.2
+#: The only decoders that ever see request bytes (phone JPEGs with several pictures open as JPEG too).
+FORMATS = ("PNG", "JPEG", "BMP", "GIF", "WEBP", "TIFF")
 
 ImageInput = Union[bytes, bytearray, memoryview, Image.Image, np.ndarray]
 
@@ -55,7 +57,7 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Ima
     if not data:
         raise InvalidImageError("empty image: the request carried no bytes")
     try:
-        img = Image.open(io.BytesIO(bytes(data)))
+        img = Image.open(io.BytesIO(bytes(data)), formats=FORMATS)
     except UnidentifiedImageError:
         raise InvalidImageError("not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, TIFF)") from None
     except Image.DecompressionBombError as exc:
@@ -151,6 +153,11 @@ def to_canvas(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.nda
         raise InvalidImageError("image contains non-finite values")
     canvas = _fit_and_centre(_to_mnist_polarity(gray))
     return np.round(canvas * 255.0).astype(np.uint8)
+
+
+def is_blank(tensor: np.ndarray) -> bool:
+    """True for the model input of an image without any ink (uniform, or nothing above the threshold)."""
+    return bool(np.ptp(tensor) == 0)  # every real stroke leaves some pixel above the background
 
 
 def normalize(canvases: np.ndarray) -> np.ndarray:

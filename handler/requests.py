@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from typing import Any, Mapping
 
 #: Field names tried first in multipart forms; any single file field is accepted otherwise.
@@ -40,6 +41,17 @@ def _from_json(payload: Mapping[str, Any]) -> bytes:
         raise RequestError('"data" is not valid base64') from None
 
 
+def _parse_json(data: bytes) -> Mapping[str, Any]:
+    """JSON that TorchServe's worker did not parse itself (it only parses exactly application/json)."""
+    try:
+        payload = json.loads(data)
+    except (ValueError, RecursionError):
+        raise RequestError("body is not valid JSON") from None
+    if not isinstance(payload, Mapping):
+        raise RequestError('JSON body must be {"data": "<base64-encoded image>"}')
+    return payload
+
+
 def decode_request(row: Mapping[str, Any], content_types: Mapping[str, str] | None = None) -> bytes:
     """Image bytes carried by one request row (TorchServe gives each input field as a key)."""
     content_types = content_types or {}
@@ -49,11 +61,11 @@ def decode_request(row: Mapping[str, Any], content_types: Mapping[str, str] | No
         if isinstance(value, Mapping):
             return _from_json(value)
         if isinstance(value, str):
-            raise RequestError(f"a {content_type or 'text'} body is not an image: send image bytes or "
+            raise RequestError(f"a {ascii(content_type or 'text')} body is not an image: send image bytes or "
                                'JSON {"data": "<base64>"}', status=415)
         if isinstance(value, (bytes, bytearray)):
-            if content_type.startswith("application/json"):
-                raise RequestError("body is not valid JSON")
+            if content_type.lower().startswith("application/json"):
+                return _from_json(_parse_json(bytes(value)))
             if not value:
                 raise RequestError("empty body: send an image")
             return bytes(value)
@@ -70,11 +82,12 @@ def decode_request(row: Mapping[str, Any], content_types: Mapping[str, str] | No
     if not row:
         raise RequestError("empty request: send an image as the body, a form file or JSON")
     if files:
-        raise RequestError(f"form has several files ({', '.join(sorted(files))}); send one, named 'data'")
+        raise RequestError(f"form has several files ({', '.join(ascii(n) for n in sorted(files))}); "
+                           "send one, named 'data'")
     raise RequestError("form has no image file field: use -F data=@image.png")
 
 
 def _non_empty(data: bytes, field: str) -> bytes:
     if not data:
-        raise RequestError(f"form field {field!r} is empty")
+        raise RequestError(f"form field {ascii(field)} is empty")
     return data

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .artifacts import INDEX_FILE, LABELS_FILE, MODEL_FILE, ArtifactError, verify_artifacts
-from .preprocessing import DEFAULT_MAX_PIXELS, PREPROCESSING_VERSION, InvalidImageError, preprocess
+from .preprocessing import DEFAULT_MAX_PIXELS, PREPROCESSING_VERSION, InvalidImageError, is_blank, preprocess
 from .requests import RequestError
 from .search import GallerySearcher
 
@@ -123,7 +123,9 @@ class EmbeddingService:
             started = time.perf_counter()
             results = self.searcher.classify(embeddings)
             timings.search = time.perf_counter() - started
-            for i, result in zip(good, results):
+            for i, tensor, result in zip(good, tensors, results):
+                if is_blank(tensor):  # nothing to recognise: never a confident answer
+                    result = {**result, "unknown": True}
                 answers[i] = result
                 timings.unknown += result["unknown"]
                 timings.top1.append(result["dist"])

@@ -128,19 +128,42 @@ def _diagnose(instance: Instance) -> str:
     return f"see {instance.log_file} and {instance.workdir / 'logs'}"
 
 
+def _model_log(instance: Instance) -> Path:
+    return instance.workdir / "logs" / "model_log.log"
+
+
+def _refused_model(instance: Instance, offset: int) -> str | None:
+    """The handler's one-line refusal (tampered or mismatched artifacts) logged after `offset`."""
+    try:
+        with open(_model_log(instance), "rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if "refusing to load model" in line:
+            return line[line.index("refusing to load model"):].strip()
+    return None
+
+
 def model_status(instance: Instance) -> list[dict]:
     """Workers of the model as the management API describes them (all versions)."""
     token = instance.keys().get("management")
     return _get_json(f"{instance.endpoints.management}/models/{instance.model_name}/all", token)
 
 
-def wait_ready(instance: Instance, timeout: float = 120.0) -> float:
+def wait_ready(instance: Instance, timeout: float = 120.0, log_offset: int | None = None) -> float:
     """Poll until every loaded version of the model has a READY worker; returns the seconds waited."""
     started = time.monotonic()
     deadline = started + timeout
+    if log_offset is None:
+        log_offset = _model_log(instance).stat().st_size if _model_log(instance).exists() else 0
     while time.monotonic() < deadline:
         if instance.pid() is None and time.monotonic() - started > 3:
             raise ServerError(f"TorchServe exited during start: {_diagnose(instance)}")
+        refused = _refused_model(instance, log_offset)
+        if refused:
+            raise ServerError(refused)
         try:
             versions = model_status(instance)
             if versions and all(any(w.get("status") == "READY" for w in v.get("workers", [])) for v in versions):
@@ -171,18 +194,23 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
             raise ServerError(f"port {port} ({what}) is already in use: stop the other server or change {instance.config.name}")
     instance.tmpdir.mkdir(parents=True, exist_ok=True)
     instance.log_file.parent.mkdir(parents=True, exist_ok=True)
+    instance.tmpdir.chmod(0o700)
+    # Java ignores TMPDIR: without java.io.tmpdir the worker sockets and the unpacked .mar would sit in
+    # the shared /tmp, where instances collide and other local users could squat the paths.
     env = dict(os.environ, TMPDIR=str(instance.tmpdir), OMP_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads), PYTHONPATH="")
+               MKL_NUM_THREADS=str(threads), PYTHONPATH="",
+               JAVA_TOOL_OPTIONS=f"-Djava.io.tmpdir={instance.tmpdir}")
     cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs",
            "--ts-config", str(instance.config), "--model-store", str(model_store)]
     if models:
         cmd += ["--models", models]
+    log_offset = _model_log(instance).stat().st_size if _model_log(instance).exists() else 0
     started = time.monotonic()
     with open(instance.log_file, "ab") as log:
         subprocess.run(cmd, cwd=instance.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
                        stdin=subprocess.DEVNULL, check=False, start_new_session=True)
     try:
-        wait_ready(instance, timeout)
+        wait_ready(instance, timeout, log_offset)
     except ServerError:
         stop(instance)
         raise

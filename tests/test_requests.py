@@ -101,7 +101,7 @@ def test_multipart_data_wins_over_the_other_preferred_names():
 def test_multipart_with_several_files_and_none_named_data_is_400_naming_them():
     error = refused({"front": bytearray(IMAGE), "back": bytearray(OTHER)})
     assert error.status == 400
-    assert "back, front" in str(error) and "'data'" in str(error)
+    assert "'back', 'front'" in str(error) and "'data'" in str(error)
 
 
 def test_multipart_without_a_file_field_is_400_with_the_curl_hint():
