@@ -150,7 +150,10 @@ def serving_data(artifacts: Path | None, cache_dir: Path, quick: bool, n_images:
     """The 60k Fashion-MNIST set (full run) or the given artifacts (quick run, or no Debian package)."""
     if artifacts is None and not quick and FASHION_DIR.is_dir():
         variants, setup = _fashion_artifacts(cache_dir, log)
-        primary = variants.pop("flat")
+        from training.index import resolve_index_type
+
+        # Served as `python -m training` builds a 60k gallery by default; the other kinds are variants.
+        primary = variants.pop(resolve_index_type("auto", 60_000))
         name = "fashion-mnist-60k"
         description = (f"Fashion-MNIST (Debian dataset-fashion-mnist): model trained on {FASHION_TRAIN_SUBSET} "
                        f"training images for {FASHION_EPOCHS} epochs, gallery = all 60,000 training images")

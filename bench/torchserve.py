@@ -38,6 +38,7 @@ import yaml
 from serving.archive import build_mar
 from serving.config import MODEL_CONFIG_FILE
 from serving.server import Instance, private_instance, start, stop
+from training.index import INDEX_TYPES, resolve_index_type
 
 from .procs import ProcessTree
 
@@ -85,7 +86,7 @@ def configurations(quick: bool) -> list[TSConfig]:
         TSConfig("2x1-b16-10ms", 2, 1, 16, 10),
         TSConfig("1x2-b8-5ms", 1, 2, 8, 5),
         *(TSConfig(f"shipped-{kind}", shipped.workers, shipped.threads, shipped.batch_size, shipped.max_batch_delay_ms,
-                   kind) for kind in ("hnsw", "ivf")),
+                   kind) for kind in INDEX_TYPES if kind != resolve_index_type("auto", 60_000)),
     ]
 
 
