@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                          lr=args.lr, seed=args.seed)
     try:
         metadata = build_artifacts(args.data, args.out, config, args.index, args.k, args.cache_dir,
-                                   args.threads, not args.no_plots)
+                                   args.threads, not args.no_plots, log=lambda line: print(line, flush=True))
     except (DataError, ExportError, ValueError, OSError) as exc:
         print(f"training: error: {exc}", file=sys.stderr)
         return 1
