@@ -21,15 +21,7 @@ def image_from_message(body: bytes, content_type: str | None) -> bytes:
     if len(body) > MAX_BODY_BYTES:
         raise RequestError(f"request body of {len(body)} bytes is over the {MAX_BODY_BYTES}-byte limit", 413)
     kind = (content_type or "application/octet-stream").split(";")[0].strip().lower()
-    if kind == JSON_TYPE:
-        try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            raise RequestError("body is not valid JSON") from None
-        if not isinstance(payload, dict):
-            raise RequestError('JSON body must be {"data": "<base64-encoded image>"}')
-        return decode_request({"body": payload})
-    if kind.startswith(RAW_TYPES):
+    if kind == JSON_TYPE or kind.startswith(RAW_TYPES):  # decode_request parses JSON bodies itself
         return decode_request({"body": body}, {"body": kind})
     raise RequestError(f"content type {kind!r} is not accepted: send image bytes "
                        f"(application/octet-stream) or {JSON_TYPE} {{\"data\": \"<base64>\"}}", 415)

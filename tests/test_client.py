@@ -23,14 +23,6 @@ pytestmark = pytest.mark.serving
 NOT_AN_IMAGE = "not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, TIFF)"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def stub_cache(tmp_path_factory):
-    """gRPC stubs generated into a temporary cache, not the user's ~/.cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(protos.CACHE_ENV, str(tmp_path_factory.mktemp("grpc-stubs")))
-        yield
-
-
 @pytest.fixture(scope="module")
 def digits(prepared_sample) -> list[bytes]:
     picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]

@@ -33,14 +33,6 @@ V2_CONFIG = (MODEL_CONFIG_FILE.read_text().replace("minWorkers: 2", "minWorkers:
              .replace("maxWorkers: 2", "maxWorkers: 1").replace("k: 5", "k: 3"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def stub_cache(tmp_path_factory):
-    """gRPC stubs generated into a temporary cache, not the user's ~/.cache (when this module loads them first)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(protos.CACHE_ENV, str(tmp_path_factory.mktemp("grpc-stubs")))
-        yield
-
-
 @pytest.fixture(scope="module")
 def digit(prepared_sample) -> bytes:
     return user_digit_png(prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == 4)[0])])
