@@ -15,7 +15,7 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handler.artifacts import ArtifactError
 from handler.preprocessing import DEFAULT_MAX_PIXELS
-from handler.requests import RequestError, decode_request
+from handler.protocols import encode, read_row
 from handler.service import EmbeddingService, record_metrics
 
 logger = logging.getLogger(__name__)
@@ -49,51 +49,50 @@ class EmbeddingHandler(BaseHandler):
                     meta["metrics"]["accuracy"], torch.get_num_threads())
 
     def preprocess(self, data):
-        payloads = []
-        for idx, row in enumerate(data):
-            try:
-                payloads.append(decode_request(row, self._content_types(idx, row)))
-            except RequestError as exc:
-                payloads.append(exc)
-        return payloads
+        return [read_row(row, self._content_types(idx, row)) for idx, row in enumerate(data)]
 
     def inference(self, data, *args, **kwargs):
-        return self.service.answer(data)
+        items = [item for request in data for item in request.items]
+        answers, timings = self.service.answer(items)
+        return data, answers, timings
 
     def postprocess(self, data):
-        answers, _ = data
+        requests, answers, _ = data
         # Behind a KServe envelope the rows are the instances of one request, not one row per request:
         # per-request status and headers only apply when each row is its own request.
-        per_request = len(answers) == len(self.context.request_ids or {})
+        per_request = len(requests) == len(self.context.request_ids or {})
         version = (self.context.manifest or {}).get("model", {}).get("modelVersion")
-        out = []
-        for idx, answer in enumerate(answers):
-            if "error" not in answer and version:
-                answer = {**answer, "model_version": version}
+        if version:
+            answers = [answer if "error" in answer else {**answer, "model_version": version} for answer in answers]
+        out, start = [], 0
+        for idx, request in enumerate(requests):
+            count = len(request.items)
+            status, body = encode(request, answers[start:start + count], self.context.model_name, version)
+            start += count
             if per_request:
-                if "error" in answer:
+                if status != 200:
                     # The standard phrase, never the message: TorchServe 0.12 frames the phrase by characters
                     # but writes UTF-8 bytes, so client text in it could desynchronise the worker protocol.
-                    self.context.set_response_status(answer["status"], HTTPStatus(answer["status"]).phrase, idx)
+                    self.context.set_response_status(status, HTTPStatus(status).phrase, idx)
                 self.context.set_response_content_type(idx, "application/json")
                 if self._is_grpc(idx):
                     # Ends a gRPC StreamPredictions call after its one answer; without it TorchServe 0.12
                     # fails the call ("Worker died") and restarts the worker. Never on HTTP, where the
                     # header turns the answer into a stream whose head is never sent.
                     self.context.set_response_header(idx, "ts_stream_next", "false")
-            out.append(json.dumps(answer))
+            out.append(json.dumps(body))
         return out
 
     def handle(self, data, context):
         self.context = context
-        answers, timings = self.inference(self.preprocess(data))
+        requests, answers, timings = self.inference(self.preprocess(data))
         ids = ",".join((context.request_ids or {}).values())
-        logger.info("batch=%d rejected=%d unknown=%d preprocess_ms=%.2f embed_ms=%.2f search_ms=%.2f pid=%d ids=%s",
-                    len(data), timings.rejected, timings.unknown, 1e3 * timings.preprocess,
-                    1e3 * timings.embed, 1e3 * timings.search, os.getpid(), ids)
+        logger.info("batch=%d images=%d rejected=%d unknown=%d preprocess_ms=%.2f embed_ms=%.2f search_ms=%.2f "
+                    "pid=%d ids=%s", len(data), len(answers), timings.rejected, timings.unknown,
+                    1e3 * timings.preprocess, 1e3 * timings.embed, 1e3 * timings.search, os.getpid(), ids)
         if context.metrics is not None:
-            record_metrics(context.metrics, len(data), timings)
-        return self.postprocess((answers, timings))
+            record_metrics(context.metrics, len(answers), timings)
+        return self.postprocess((requests, answers, timings))
 
     def _is_grpc(self, idx: int) -> bool:
         """gRPC requests reach the worker without HTTP headers (no Host)."""

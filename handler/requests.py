@@ -26,19 +26,24 @@ class RequestError(ValueError):
         self.status = status
 
 
+def decode_base64(text: str, what: str = '"data"') -> bytes:
+    """Image bytes from base64 text (a data: URI prefix and line breaks allowed)."""
+    if text.startswith("data:") and "," in text:  # a data URI: data:image/png;base64,....
+        text = text.split(",", 1)[1]
+    text = "".join(text.split())  # `base64` wraps its output at 76 columns
+    if not text:
+        raise RequestError(f"{what} is empty")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{what} is not valid base64") from None
+
+
 def _from_json(payload: Mapping[str, Any]) -> bytes:
     data = payload.get("data")
     if not isinstance(data, str):
         raise RequestError('JSON body must be {"data": "<base64-encoded image>"}')
-    if data.startswith("data:") and "," in data:  # a data URI: data:image/png;base64,....
-        data = data.split(",", 1)[1]
-    data = "".join(data.split())  # `base64` wraps its output at 76 columns
-    if not data:
-        raise RequestError('"data" is empty')
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise RequestError('"data" is not valid base64') from None
+    return decode_base64(data)
 
 
 def _parse_json(data: bytes) -> Mapping[str, Any]:
@@ -50,6 +55,21 @@ def _parse_json(data: bytes) -> Mapping[str, Any]:
     if not isinstance(payload, Mapping):
         raise RequestError('JSON body must be {"data": "<base64-encoded image>"}')
     return payload
+
+
+def json_body(row: Mapping[str, Any], content_types: Mapping[str, str] | None = None) -> Mapping[str, Any] | None:
+    """The row's JSON object body, whether TorchServe parsed it or not; None for anything else."""
+    value = row.get("body")
+    if isinstance(value, Mapping):
+        return value
+    content_type = (content_types or {}).get("body", "")
+    if isinstance(value, (bytes, bytearray)) and content_type.lower().startswith("application/json"):
+        try:
+            payload = json.loads(value)
+        except (ValueError, RecursionError):
+            return None
+        return payload if isinstance(payload, Mapping) else None
+    return None
 
 
 def decode_request(row: Mapping[str, Any], content_types: Mapping[str, str] | None = None) -> bytes:

@@ -96,8 +96,8 @@ class EmbeddingService:
         x = torch.from_numpy(batch).to(self.device)
         return self.model(x).float().cpu().numpy()
 
-    def answer(self, payloads: Sequence[bytes | RequestError]) -> tuple[list[dict[str, Any]], BatchTimings]:
-        """One answer per payload, in order; bad items get an error answer, the others are served."""
+    def answer(self, payloads: Sequence[bytes | np.ndarray | RequestError]) -> tuple[list[dict[str, Any]], BatchTimings]:
+        """One answer per payload (image bytes, or a 2-D uint8 image), in order; bad items get an error answer."""
         timings = BatchTimings()
         answers: list[dict[str, Any] | None] = [None] * len(payloads)
         good, tensors = [], []

@@ -1,0 +1,265 @@
+"""KServe's inference protocols over TorchServe's own routes, without a request envelope.
+
+TorchServe forwards ``/v1/models/<name>:predict`` and ``/v2/models/<name>/infer`` to the handler like
+``/predictions/<name>``, one row per request with the JSON body already parsed. This module reads such a
+body into the images it carries and writes the answers back in the same protocol, so every route takes
+every format and TorchServe's frontend batching keeps working (its ``kserve``/``kservev2`` envelopes
+answer only the first request of a batch).
+
+- KServe v1: ``{"instances": [{"data": "<base64 image>"}, ...]}`` (also ``{"b64": ...}`` or a bare base64
+  string per instance) -> ``{"predictions": [answer, ...]}``.
+- Open Inference v2: ``{"id": ..., "inputs": [tensor, ...]}`` where a tensor is ``BYTES`` (each element a
+  base64 image) or ``FP32`` pixels in [0, 1] as torchvision's ``ToTensor`` gives for an MNIST image (light
+  strokes on black), shaped ``[28, 28]``, ``[N, 28, 28]``, ``[N, 1, 28, 28]``, ``[784]`` or ``[N, 784]``
+  -> ``{"model_name", "model_version", "id", "outputs"}`` with one ``BYTES`` output per input, of the same
+  name, whose elements are the answers as JSON text.
+
+A pixel tensor skips only decoding: it becomes the uint8 image a PNG of it would decode to and then takes
+the same array path of :mod:`handler.preprocessing` that training uses.
+
+Errors: a body that is not a well-formed request of its protocol fails the whole request (4xx,
+``{"error": ...}``). An image that cannot be used fails only itself: its place in ``predictions`` (v1)
+or its element of the output (v2) holds ``{"error": ..., "status": ...}`` and the others are answered.
+The HTTP status is 200 when any image was answered, else the first image's error status.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .preprocessing import CANVAS
+from .requests import RequestError, decode_base64, decode_request, json_body
+
+#: Most images one request may carry (larger requests get 413): one request must not monopolise a worker.
+MAX_IMAGES = 256
+PIXELS = CANVAS * CANVAS
+Item = bytes | np.ndarray | RequestError
+
+
+@dataclass
+class ProtocolRequest:
+    """The images of one request row and how to write their answers back."""
+
+    protocol: str  # "plain", "v1" or "v2"
+    items: list[Item]
+    #: v2: (input name, number of images) per input tensor, in request order.
+    inputs: list[tuple[str, int]] = field(default_factory=list)
+    request_id: str | None = None
+    error: RequestError | None = None  # the whole request is refused
+
+
+def detect(body: Any) -> str:
+    """'v1', 'v2' or 'plain' for a JSON body (or anything else)."""
+    if isinstance(body, Mapping):
+        if "instances" in body:
+            return "v1"
+        if "inputs" in body:
+            return "v2"
+    return "plain"
+
+
+def read_row(row: Mapping[str, Any], content_types: Mapping[str, str] | None = None) -> ProtocolRequest:
+    """One TorchServe request row -> its images, whatever the route and format (never raises for bad input)."""
+    body = json_body(row, content_types)
+    if body is not None and detect(body) != "plain":
+        return parse(body)
+    try:
+        return ProtocolRequest("plain", [decode_request(row, content_types)])
+    except RequestError as exc:
+        return ProtocolRequest("plain", [exc])
+
+
+def parse(body: Mapping[str, Any]) -> ProtocolRequest:
+    """A parsed JSON body of protocol v1 or v2 -> its images (never raises for bad input)."""
+    protocol = detect(body)
+    try:
+        if protocol == "v1":
+            return ProtocolRequest("v1", _v1_items(body))
+        request_id = body.get("id")
+        request_id = request_id if isinstance(request_id, str) else None
+        items, inputs = _v2_items(body)
+        return ProtocolRequest("v2", items, inputs, request_id)
+    except RequestError as exc:
+        return ProtocolRequest(protocol, [], error=exc)
+
+
+def _check_count(count: int) -> None:
+    if count == 0:
+        raise RequestError("the request carries no image")
+    if count > MAX_IMAGES:
+        raise RequestError(f"too many images in one request: {count} > {MAX_IMAGES}; split the request", 413)
+
+
+def _v1_items(body: Mapping[str, Any]) -> list[Item]:
+    instances = body["instances"]
+    if not isinstance(instances, list):
+        raise RequestError('"instances" must be a list of {"data": "<base64 image>"}')
+    _check_count(len(instances))
+    return [_v1_instance(instance, i) for i, instance in enumerate(instances)]
+
+
+def _v1_instance(instance: Any, index: int) -> Item:
+    if isinstance(instance, Mapping):
+        value = instance.get("data", instance.get("b64"))
+    else:
+        value = instance
+    if not isinstance(value, str):
+        return RequestError(f'instance {index}: expected {{"data": "<base64 image>"}}')
+    try:
+        return decode_base64(value, f"instance {index}")
+    except RequestError as exc:
+        return exc
+
+
+def _v2_items(body: Mapping[str, Any]) -> tuple[list[Item], list[tuple[str, int]]]:
+    tensors = body["inputs"]
+    if not isinstance(tensors, list) or not tensors:
+        raise RequestError('"inputs" must be a non-empty list of tensors')
+    items: list[Item] = []
+    inputs: list[tuple[str, int]] = []
+    for position, tensor in enumerate(tensors):
+        if not isinstance(tensor, Mapping):
+            raise RequestError(f"input {position} is not a tensor object")
+        name = tensor.get("name")
+        if not isinstance(name, str) or not name:
+            raise RequestError(f"input {position} has no name")
+        if name in dict(inputs):
+            raise RequestError(f"input name {ascii(name)} is used twice")
+        images = _v2_tensor(tensor, ascii(name))
+        inputs.append((name, len(images)))
+        items.extend(images)
+        if len(items) > MAX_IMAGES:
+            _check_count(len(items))
+    _check_count(len(items))
+    return items, inputs
+
+
+def _shape(tensor: Mapping[str, Any], where: str) -> list[int]:
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise RequestError(f"input {where}: shape must be a list of integers")
+    return shape
+
+
+def _v2_tensor(tensor: Mapping[str, Any], where: str) -> list[Item]:
+    datatype = tensor.get("datatype")
+    data = tensor.get("data")
+    shape = _shape(tensor, where)
+    if not isinstance(data, list):
+        raise RequestError(f"input {where}: data must be a list")
+    if datatype == "BYTES":
+        flat = _flatten(data, where)
+        if any(d >= 0 for d in shape) and math.prod(max(d, 0) for d in shape) != len(flat):
+            raise RequestError(f"input {where}: shape {shape} does not match its {len(flat)} elements")
+        out: list[Item] = []
+        for i, element in enumerate(flat):
+            if not isinstance(element, str):
+                out.append(RequestError(f"input {where} element {i}: expected base64 image text"))
+                continue
+            try:
+                out.append(decode_base64(element, f"input {where} element {i}"))
+            except RequestError as exc:
+                out.append(exc)
+        return out
+    if datatype == "FP32":
+        return _pixels(data, shape, where)
+    raise RequestError(f"input {where}: datatype {ascii(datatype)} is not supported: send BYTES (images) "
+                       "or FP32 (pixels in [0, 1])")
+
+
+def _flatten(data: list, where: str) -> list:
+    flat: list = []
+    stack = [iter(data)]
+    depth_limit = 8
+    while stack:
+        for element in stack[-1]:
+            if isinstance(element, list):
+                if len(stack) >= depth_limit:
+                    raise RequestError(f"input {where}: data is nested too deeply")
+                stack.append(iter(element))
+                break
+            flat.append(element)
+        else:
+            stack.pop()
+    return flat
+
+
+def image_count(shape: Sequence[int]) -> int | None:
+    """Images in an FP32 pixel tensor of this shape, or None when the shape is not accepted."""
+    shape = list(shape)
+    if shape[-1:] == [PIXELS]:
+        lead = shape[:-1]
+    elif shape[-2:] == [CANVAS, CANVAS]:
+        lead = shape[:-2]
+        if len(lead) == 2 and lead[1] == 1:  # [N, 1, 28, 28]
+            lead = lead[:1]
+    else:
+        return None
+    if not lead:
+        return 1
+    if len(lead) == 1 and lead[0] >= 1:
+        return lead[0]
+    return None
+
+
+def _pixels(data: list, shape: list[int], where: str) -> list[Item]:
+    count = image_count(shape)
+    if count is None:
+        raise RequestError(f"input {where}: FP32 shape {shape} is not one of [28, 28], [N, 28, 28], "
+                           "[N, 1, 28, 28], [784], [N, 784]")
+    if count > MAX_IMAGES:
+        _check_count(count)
+    flat = _flatten(data, where)
+    if len(flat) != count * PIXELS:
+        raise RequestError(f"input {where}: shape {shape} needs {count * PIXELS} values, got {len(flat)}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
+        raise RequestError(f"input {where}: FP32 data must be numbers")
+    pixels = np.asarray(flat, dtype=np.float64).reshape(count, CANVAS, CANVAS)
+    return [_image_from_pixels(image, where, i) for i, image in enumerate(pixels)]
+
+
+def _image_from_pixels(pixels: np.ndarray, where: str, index: int) -> Item:
+    """ToTensor's [0, 1] floats -> the uint8 image they came from (what decoding a PNG of it gives)."""
+    if not np.isfinite(pixels).all():
+        return RequestError(f"input {where} image {index}: values must be finite (found NaN or infinity)")
+    low, high = float(pixels.min()), float(pixels.max())
+    if low < 0.0 or high > 1.0:
+        return RequestError(f"input {where} image {index}: values must lie in [0, 1] (torchvision ToTensor "
+                            f"convention), found {low:g}..{high:g}")
+    return np.rint(pixels * 255.0).astype(np.uint8)
+
+
+def error_body(exc: RequestError) -> dict[str, Any]:
+    return {"error": str(exc), "status": exc.status}
+
+
+def encode(request: ProtocolRequest, answers: Sequence[dict[str, Any]], model_name: str,
+           model_version: str | None) -> tuple[int, Any]:
+    """(HTTP status, JSON body) for one request, given one answer per image in request order."""
+    if request.error is not None:
+        return request.error.status, error_body(request.error)
+    if request.protocol == "plain":
+        (answer,) = answers
+        return answer.get("status", 200) if "error" in answer else 200, answer
+    failed = [a for a in answers if "error" in a]
+    status = failed[0]["status"] if answers and len(failed) == len(answers) else 200
+    if request.protocol == "v1":
+        body: dict[str, Any] = {"predictions": list(answers)}
+    else:
+        outputs, start = [], 0
+        for name, count in request.inputs:
+            chunk = answers[start:start + count]
+            start += count
+            outputs.append({"name": name, "datatype": "BYTES", "shape": [count],
+                            "data": [json.dumps(a, separators=(",", ":")) for a in chunk]})
+        body = {"model_name": model_name, "model_version": model_version, "outputs": outputs}
+        if request.request_id is not None:
+            body["id"] = request.request_id
+    if status != 200:
+        body["error"] = failed[0]["error"]
+    return status, body

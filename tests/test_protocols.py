@@ -1,0 +1,211 @@
+"""KServe v1 and Open Inference v2 bodies through the real handler (TorchServe's Context, no server):
+every format, pixel tensors equal to the PNG they came from, per-image failures, whole-request refusals."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import numpy as np
+import pytest
+from imagegen import png_bytes, user_digit_png
+from test_handler import make_context, run_batch
+
+from handler.embedding_handler import EmbeddingHandler
+from handler.protocols import MAX_IMAGES, image_count
+
+ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours", "model_version"}
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_artifacts):
+    context = make_context(tiny_artifacts)
+    handler = EmbeddingHandler()
+    handler.initialize(context)
+    return handler, context
+
+
+@pytest.fixture(scope="module")
+def canvases(prepared_sample) -> list[np.ndarray]:
+    """One held-out 28x28 uint8 digit per class (light strokes on black, as MNIST stores them)."""
+    return [prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == d)[0])] for d in range(10)]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def to_tensor(canvas: np.ndarray) -> list:
+    """What torchvision's ToTensor gives for an MNIST image: [1, 28, 28] floats in [0, 1], as nested lists."""
+    return (canvas.astype(np.float32) / 255.0)[None].tolist()
+
+
+def ask(loaded, body: dict) -> tuple[int, dict]:
+    handler, context = loaded
+    answers, statuses = run_batch(handler, context, [{"body": body}])
+    return statuses[0], answers[0]
+
+
+def same(got: list[dict], expected: list[dict]) -> bool:
+    """Equal answers; distances within 1e-5 (a batch of several images rounds differently in the last digit)."""
+    def rounded(answer: dict) -> dict:
+        if "error" in answer:
+            return answer
+        return {**answer, "dist": round(answer["dist"], 4), "confidence": round(answer["confidence"], 4),
+                "neighbours": [{**n, "dist": round(n["dist"], 4)} for n in answer["neighbours"]]}
+    assert [rounded(a) for a in got] == [rounded(a) for a in expected]
+    for g, e in zip(got, expected):
+        if "error" not in e:
+            assert abs(g["dist"] - e["dist"]) < 1e-5
+    return True
+
+
+def plain_answer(loaded, image: bytes) -> dict:
+    handler, context = loaded
+    answers, statuses = run_batch(handler, context, [{"body": bytearray(image)}])
+    assert statuses == [200]
+    return answers[0]
+
+
+def test_v1_instances_in_every_spelling_equal_the_plain_answers(loaded, canvases):
+    pngs = [user_digit_png(c) for c in canvases[:3]]
+    status, body = ask(loaded, {"instances": [{"data": b64(pngs[0])}, {"b64": b64(pngs[1])}, b64(pngs[2])]})
+    assert status == 200 and set(body) == {"predictions"}
+    assert same(body["predictions"], [plain_answer(loaded, png) for png in pngs])
+    assert set(body["predictions"][0]) == ANSWER_KEYS
+
+
+def test_v2_bytes_input_of_several_images(loaded, canvases):
+    pngs = [user_digit_png(c) for c in canvases[:4]]
+    status, body = ask(loaded, {"id": "req-42", "inputs": [
+        {"name": "images", "datatype": "BYTES", "shape": [4], "data": [b64(p) for p in pngs]}]})
+    assert status == 200
+    assert body["id"] == "req-42" and body["model_name"] == "embedding" and body["model_version"] == "1.0"
+    (output,) = body["outputs"]
+    assert output["name"] == "images" and output["datatype"] == "BYTES" and output["shape"] == [4]
+    assert same([json.loads(t) for t in output["data"]], [plain_answer(loaded, p) for p in pngs])
+
+
+def test_v2_one_output_per_input_named_after_it(loaded, canvases):
+    pngs = [user_digit_png(c) for c in canvases[:2]]
+    status, body = ask(loaded, {"inputs": [
+        {"name": f"image-{i}", "datatype": "BYTES", "shape": [-1], "data": [b64(p)]} for i, p in enumerate(pngs)]})
+    assert status == 200 and "id" not in body
+    assert [o["name"] for o in body["outputs"]] == ["image-0", "image-1"]
+    assert same([json.loads(o["data"][0]) for o in body["outputs"]], [plain_answer(loaded, p) for p in pngs])
+
+
+@pytest.mark.parametrize("layout", ["1x28x28", "Nx1x28x28", "Nx784", "Nx28x28"])
+def test_v2_pixel_tensor_equals_the_png_it_came_from(loaded, canvases, layout):
+    pixels = np.stack([c.astype(np.float32) / 255.0 for c in canvases])  # (10, 28, 28)
+    if layout == "1x28x28":
+        pixels, shape = pixels[:1], [1, 28, 28]
+    elif layout == "Nx1x28x28":
+        shape = [10, 1, 28, 28]
+    elif layout == "Nx784":
+        shape = [10, 784]
+    else:
+        shape = [10, 28, 28]
+    data = pixels.reshape(shape).tolist() if layout != "Nx784" else pixels.reshape(-1).tolist()  # nested or flat
+    status, body = ask(loaded, {"inputs": [{"name": "input-0", "shape": shape, "datatype": "FP32", "data": data}]})
+    assert status == 200
+    got = [json.loads(t) for t in body["outputs"][0]["data"]]
+    assert same(got, [plain_answer(loaded, png_bytes(c)) for c in canvases[:len(got)]])
+
+
+def test_v2_tensor_like_pytorch_serve_example(loaded, canvases):
+    """The shape, name and id layout of pytorch/serve's mnist_v2_tensor.json (values of our own digit)."""
+    status, body = ask(loaded, {"id": "d3b15cad", "inputs": [
+        {"name": "input-0", "shape": [1, 28, 28], "datatype": "FP32", "data": to_tensor(canvases[0])}]})
+    assert status == 200 and json.loads(body["outputs"][0]["data"][0])["pred"] == "0"
+
+
+@pytest.mark.parametrize("pixels, message", [
+    (np.full((28, 28), np.nan), "values must be finite"),
+    (np.full((28, 28), 255.0), r"values must lie in \[0, 1\].*found 255\.\.255"),
+    (np.full((28, 28), -0.5), r"found -0\.5\.\.-0\.5"),
+])
+def test_a_bad_image_in_a_tensor_fails_only_itself(loaded, canvases, pixels, message):
+    good = canvases[3].astype(np.float64) / 255.0
+    data = [good.tolist(), pixels.tolist()]
+    body = {"inputs": [{"name": "x", "shape": [2, 28, 28], "datatype": "FP32", "data": data}]}
+    text = json.dumps(body, allow_nan=True)
+    status, answer = ask(loaded, json.loads(text))
+    assert status == 200
+    first, second = (json.loads(t) for t in answer["outputs"][0]["data"])
+    assert first == plain_answer(loaded, png_bytes(canvases[3]))
+    assert second["status"] == 400 and re.search(message, second["error"])
+
+
+def test_v1_bad_instance_fails_only_itself_and_all_bad_is_a_400(loaded, canvases):
+    png = user_digit_png(canvases[5])
+    status, body = ask(loaded, {"instances": [{"data": b64(png)}, {"data": b64(b"garbage")}, {"data": "%%%"},
+                                              {"nodata": 1}]})
+    assert status == 200
+    ok, garbage, not_b64, no_data = body["predictions"]
+    assert ok == plain_answer(loaded, png)
+    assert garbage == {"error": "not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, TIFF)", "status": 400}
+    assert not_b64 == {"error": "instance 2 is not valid base64", "status": 400}
+    assert no_data["status"] == 400 and "instance 3" in no_data["error"]
+    status, body = ask(loaded, {"instances": [{"data": b64(b"garbage")}]})
+    assert status == 400 and body["error"].startswith("not an image") and len(body["predictions"]) == 1
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"instances": "abc"}, 400, '"instances" must be a list'),
+    ({"instances": []}, 400, "no image"),
+    ({"instances": [{"data": "aGk="}] * (MAX_IMAGES + 1)}, 413, "too many images"),
+    ({"inputs": []}, 400, '"inputs" must be a non-empty list'),
+    ({"inputs": [{"datatype": "BYTES", "shape": [1], "data": ["aGk="]}]}, 400, "input 0 has no name"),
+    ({"inputs": [{"name": "x", "datatype": "INT8", "shape": [1, 28, 28], "data": [0] * 784}]}, 400,
+     "datatype 'INT8' is not supported"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 3], "data": [0.0] * 9}]}, 400,
+     r"FP32 shape \[3, 3\] is not one of"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 784], "data": [0.0] * 784}]}, 400,
+     "needs 1568 values, got 784"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 784], "data": ["a"] * 784}]}, 400,
+     "FP32 data must be numbers"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": "1,784", "data": [0.0] * 784}]}, 400,
+     "shape must be a list of integers"),
+    ({"inputs": [{"name": "x", "datatype": "BYTES", "shape": [2], "data": ["aGk="]}]}, 400,
+     r"shape \[2\] does not match its 1 elements"),
+    ({"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["aGk="]},
+                 {"name": "x", "datatype": "BYTES", "shape": [1], "data": ["aGk="]}]}, 400, "used twice"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [MAX_IMAGES + 1, 784], "data": []}]}, 413,
+     "too many images"),
+])
+def test_malformed_requests_are_refused_whole(loaded, body, status, message):
+    got_status, answer = ask(loaded, body)
+    assert got_status == status and set(answer) == {"error", "status"}
+    assert re.search(message, answer["error"]), answer["error"]
+
+
+def test_protocol_body_sent_as_json_bytes_is_read_too(loaded, canvases):
+    """TorchServe parses only exactly application/json; with a charset the body arrives as bytes."""
+    handler, context = loaded
+    png = user_digit_png(canvases[8])
+    raw = json.dumps({"instances": [{"data": b64(png)}]}).encode()
+    answers, statuses = run_batch(handler, context, [{"body": bytearray(raw)}],
+                                  headers=[{"body": {"content-type": "application/json; charset=utf-8"}}])
+    assert statuses == [200] and answers[0]["predictions"] == [plain_answer(loaded, png)]
+
+
+def test_protocol_requests_batch_with_plain_requests(loaded, canvases):
+    """Frontend batching stays on: a batch mixing a plain image, a v1 and a v2 request answers each in kind."""
+    handler, context = loaded
+    pngs = [user_digit_png(c) for c in canvases[:3]]
+    rows = [{"body": bytearray(pngs[0])}, {"body": {"instances": [{"data": b64(pngs[1])}]}},
+            {"body": {"inputs": [{"name": "a", "datatype": "BYTES", "shape": [1], "data": [b64(pngs[2])]}]}}]
+    answers, statuses = run_batch(handler, context, rows)
+    assert statuses == [200, 200, 200]
+    assert answers[0] == plain_answer(loaded, pngs[0])
+    assert same(answers[1]["predictions"], [plain_answer(loaded, pngs[1])])
+    assert json.loads(answers[2]["outputs"][0]["data"][0]) == plain_answer(loaded, pngs[2])
+
+
+@pytest.mark.parametrize("shape, count", [([28, 28], 1), ([1, 28, 28], 1), ([5, 28, 28], 5), ([5, 1, 28, 28], 5),
+                                          ([784], 1), ([5, 784], 5), ([5, 3, 28, 28], None), ([0, 784], None),
+                                          ([2, 2, 784], None), ([28], None)])
+def test_accepted_tensor_shapes(shape, count):
+    assert image_count(shape) == count
