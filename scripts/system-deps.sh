@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# System packages the test suite uses beyond Java 17: wrk (the benchmark's HTTP load generator).
-# RabbitMQ is installed on demand by scripts/rabbitmq.sh. Installs only what is missing, as root.
+# System packages the test suite uses beyond Java 17: wrk (the benchmark's HTTP load generator) and
+# podman, buildah, runc, mmdebstrap, uidmap (scripts/build-images.sh builds and runs the images without
+# a Docker daemon or registry). RabbitMQ is installed on demand by scripts/rabbitmq.sh.
+# Installs only what is missing, as root.
 set -euo pipefail
 missing=()
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v podman >/dev/null 2>&1 || missing+=(podman)
+command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)
+command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
+command -v newuidmap >/dev/null 2>&1 || [ -x /usr/bin/newuidmap ] || missing+=(uidmap)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${missing[*]}; install with: sudo apt-get install ${missing[*]}" >&2
