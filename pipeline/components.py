@@ -121,7 +121,7 @@ def deploy_local(mar: Input[Model], model_name: str, workdir: str, config: str, 
 @component
 def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storage_uri: str, model_uri: str,
                   namespace: str, service_name: str, protocol: str, runtime: str, service_account: str,
-                  dry_run: bool, manifest: Output[Artifact]) -> str:
+                  api_key_secret: str, dry_run: bool, manifest: Output[Artifact]) -> str:
     """Publish the KServe model store and create or patch the InferenceService; returns its URL."""
     import json
     from pathlib import Path
@@ -130,7 +130,7 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
 
     target = KServeTarget(storage_uri=storage_uri, model_uri=model_uri, namespace=namespace,
                           service_name=service_name, protocol=protocol, runtime=runtime,
-                          service_account=service_account)
+                          service_account=service_account, api_key_secret=api_key_secret)
     result = deploy(Path(mar.path) / f"{model_name}.mar", model_name, model_version, target, dry_run)
     Path(manifest.path).write_text(json.dumps(result.manifest, indent=2))
     manifest.metadata.update({"storage": result.location, "applied": not dry_run, "url": result.url})

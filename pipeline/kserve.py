@@ -1,8 +1,9 @@
 """Deploy target `kserve`: the model store KServe's TorchServe runtime reads, and the InferenceService.
 
-KServe's storage initializer copies `storageUri` to /mnt/models; the TorchServe runtime then runs
-`torchserve --model-store=/mnt/models/model-store --ts-config=/mnt/models/config/config.properties`
-and forwards requests to port 8085. So each version is written as
+KServe's storage initializer copies `storageUri` to /mnt/models; the project's ServingRuntime
+(deploy/kserve/servingruntime.yaml, the serving image) then runs `python -m serving.kserve_runtime`, which
+starts TorchServe with `/mnt/models/config/config.properties` on loopback and answers KServe's v1 and
+Open Inference v2 REST paths on port 8080. So each version is written as
 
     <storage_uri>/<version>/config/config.properties
     <storage_uri>/<version>/model-store/<model_name>.mar
@@ -29,12 +30,22 @@ import yaml
 
 from serving.config import CONFIG_FILE, MODEL_CONFIG_FILE, read_properties, write_properties
 
-from .isvc_schema import SchemaError, validate
+from .manifests import ManifestError, validate
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 PROTOCOLS = ("v1", "v2")
+#: TorchServe's inference and management APIs inside the pod: loopback only, behind the gateway.
 INFERENCE_PORT = 8085
+#: Prometheus metrics, scraped from outside the pod.
 METRICS_PORT = 8082
+#: The ClusterServingRuntime in deploy/kserve/servingruntime.yaml.
+DEFAULT_RUNTIME = "mnist-embedding-torchserve"
+#: Secret (in the InferenceService's namespace) whose key `api-key` callers present as a bearer token.
+DEFAULT_API_KEY_SECRET = "mnist-embedding-api-key"
+API_KEY_ENV = "INFERENCE_API_KEY"
+#: Where the deploy task has the claim of a pvc:// storage URI mounted (kfp-kubernetes mount_pvc).
+PVC_MOUNT_ENV, PVC_MOUNT_DEFAULT = "PVC_MOUNT_PATH", "/mnt/pvc"
+CLUSTER_SCHEMES = ("s3", "gs", "pvc")
 CONFIG_PATH = "config/config.properties"
 STORE_DIR = "model-store"
 MODEL_STORE_MOUNT = "/mnt/models/model-store"
@@ -57,8 +68,9 @@ class KServeTarget:
     namespace: str = "default"
     service_name: str = ""
     protocol: str = "v1"
-    runtime: str = ""
+    runtime: str = DEFAULT_RUNTIME
     service_account: str = ""
+    api_key_secret: str = DEFAULT_API_KEY_SECRET
     cpu: str = "1"
     memory: str = "2Gi"
     timeout_s: float = 600.0
@@ -72,53 +84,43 @@ class Deployment:
     url: str
 
 
-#: TorchServe's request envelope for each KServe protocol.
-ENVELOPES = {"v1": "kserve", "v2": "kservev2"}
-
-
 def model_snapshot(model_name: str, version: str, model_config: Path = MODEL_CONFIG_FILE) -> dict:
-    """TorchServe's startup snapshot: the runtime loads exactly the models listed here.
-
-    batchSize is forced to 1: TorchServe 0.12's KServe envelopes answer only the first request of a
-    batch, so frontend batching behind them fails the rest (measured: 47 of 48 concurrent requests).
-    """
+    """TorchServe's startup snapshot: the runtime loads exactly the models listed here."""
     settings = yaml.safe_load(Path(model_config).read_text()) or {}
     missing = [key for key in SNAPSHOT_KEYS if key not in settings]
     if missing:
         raise KServeError(f"{model_config}: missing {', '.join(missing)}")
-    entry = {"defaultVersion": True, "marName": f"{model_name}.mar",
-             **{key: settings[key] for key in SNAPSHOT_KEYS}, "batchSize": 1}
+    entry = {"defaultVersion": True, "marName": f"{model_name}.mar", **{key: settings[key] for key in SNAPSHOT_KEYS}}
     return {"name": "startup.cfg", "modelCount": 1, "models": {model_name: {version: entry}}}
 
 
 def runtime_properties(model_name: str, version: str, base_config: Path = CONFIG_FILE,
-                       model_config: Path = MODEL_CONFIG_FILE, protocol: str = "v1") -> dict[str, str]:
+                       model_config: Path = MODEL_CONFIG_FILE) -> dict[str, str]:
     """config.properties for the runtime pod.
 
-    Token authorization is off: the runtime's request path cannot present the keys TorchServe
-    generates inside the pod, so access control belongs to KServe's ingress (e.g. Istio policies).
+    TorchServe listens on loopback with its own token check off: the gateway in front of it
+    (serving.kserve_runtime) is the only way in and checks the caller's bearer key. No request envelope:
+    the handler reads KServe's formats itself, so frontend batching stays on.
     """
     base = read_properties(base_config)
     props = {key: base[key] for key in CARRIED if key in base}
     props.update({
-        "inference_address": f"http://0.0.0.0:{INFERENCE_PORT}",
-        "management_address": f"http://0.0.0.0:{INFERENCE_PORT + 1}",
+        "inference_address": f"http://127.0.0.1:{INFERENCE_PORT}",
+        "management_address": f"http://127.0.0.1:{INFERENCE_PORT + 1}",
         "metrics_address": f"http://0.0.0.0:{METRICS_PORT}",
-        "enable_envvars_config": "true",
-        "install_py_dep_per_model": "false",
         "disable_token_authorization": "true",
-        "service_envelope": ENVELOPES[protocol],
+        "install_py_dep_per_model": "false",
         "model_store": MODEL_STORE_MOUNT,
         "model_snapshot": json.dumps(model_snapshot(model_name, version, model_config), separators=(",", ":")),
     })
     return props
 
 
-def stage_layout(mar: Path, model_name: str, version: str, out: Path, protocol: str = "v1") -> None:
+def stage_layout(mar: Path, model_name: str, version: str, out: Path) -> None:
     """Write config/config.properties and model-store/<model_name>.mar under `out`."""
     (out / "config").mkdir(parents=True, exist_ok=True)
     (out / STORE_DIR).mkdir(exist_ok=True)
-    write_properties(runtime_properties(model_name, version, protocol=protocol), out / CONFIG_PATH)
+    write_properties(runtime_properties(model_name, version), out / CONFIG_PATH)
     shutil.copy2(mar, out / STORE_DIR / f"{model_name}.mar")
 
 
@@ -127,16 +129,34 @@ def versioned(uri: str, version: str) -> str:
 
 
 def _local_path(location: str) -> Path | None:
+    """The directory a local path, file:// or pvc:// location is written to; None for object storage."""
     parts = urlsplit(location)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise KServeError(f"{location}: file:// URIs must name a local path (file:///dir)")
         return Path(parts.path)
+    if parts.scheme == "pvc":
+        mount = Path(os.environ.get(PVC_MOUNT_ENV, PVC_MOUNT_DEFAULT))
+        if not parts.netloc:
+            raise KServeError(f"{location}: pvc:// URIs name the claim: pvc://<claim>/<path>")
+        if not mount.is_dir():
+            raise KServeError(f"{location}: claim {parts.netloc} is not mounted at {mount} in this task "
+                              f"(mount it there, or set {PVC_MOUNT_ENV})")
+        return mount / parts.path.strip("/")
     return Path(location) if not parts.scheme else None
 
 
 def publish(staging: Path, location: str) -> None:
-    """Copy the staged layout to a local path, file://, gs:// or s3:// location (replacing that version)."""
+    """Copy the staged layout to s3://, gs://, pvc:// (a mounted claim) or a local directory, replacing that version.
+
+    Credentials come only from the environment, as the cloud SDKs define it (AWS_ACCESS_KEY_ID /
+    AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL or an IAM role; GOOGLE_APPLICATION_CREDENTIALS or Workload
+    Identity), never from arguments, and are never logged.
+    """
+    parts = urlsplit(location)
+    if parts.scheme not in ("", "file", *CLUSTER_SCHEMES):
+        raise KServeError(f"cannot write to {parts.scheme}:// storage: use s3://, gs://, pvc://<claim>/<path> "
+                          "or (for development) a local directory")
     local = _local_path(location)
     if local is not None:
         local = local.resolve()
@@ -147,17 +167,14 @@ def publish(staging: Path, location: str) -> None:
             shutil.rmtree(local)
         os.replace(partial, local)
         return
-    parts = urlsplit(location)
     files = sorted(p for p in staging.rglob("*") if p.is_file())
+    # The .mar last: a reader that finds it finds the whole version.
+    files.sort(key=lambda p: p.suffix == ".mar")
     keys = [f"{parts.path.strip('/')}/{p.relative_to(staging).as_posix()}".lstrip("/") for p in files]
     if parts.scheme == "gs":
         _upload_gcs(parts.netloc, files, keys)
-    elif parts.scheme == "s3":
-        _upload_s3(parts.netloc, files, keys)
     else:
-        raise KServeError(f"cannot write to {parts.scheme}:// storage: use a path, file://, gs:// or s3:// "
-                          "(for pvc://, mount the claim in the task, pass the mount path as storage_uri "
-                          "and pvc://<claim>/<dir> as model_uri)")
+        _upload_s3(parts.netloc, files, keys)
 
 
 def _upload_gcs(bucket_name: str, files: list[Path], keys: list[str]) -> None:
@@ -165,6 +182,7 @@ def _upload_gcs(bucket_name: str, files: list[Path], keys: list[str]) -> None:
         from google.cloud import storage
     except ImportError:
         raise KServeError("gs:// storage needs google-cloud-storage (pip install google-cloud-storage)") from None
+    import google.api_core.exceptions
     import google.auth.exceptions
 
     try:
@@ -173,17 +191,31 @@ def _upload_gcs(bucket_name: str, files: list[Path], keys: list[str]) -> None:
             bucket.blob(key).upload_from_filename(str(path))
     except google.auth.exceptions.DefaultCredentialsError as exc:
         raise KServeError(f"no Google credentials for gs://{bucket_name}: {exc}") from None
+    except google.api_core.exceptions.GoogleAPIError as exc:
+        raise KServeError(f"gs://{bucket_name}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
 
 
 def _upload_s3(bucket_name: str, files: list[Path], keys: list[str]) -> None:
     try:
         import boto3
+        import botocore.exceptions
     except ImportError:
-        raise KServeError("s3:// storage needs boto3 (pip install boto3) and credentials: AWS_ACCESS_KEY_ID/"
-                          "AWS_SECRET_ACCESS_KEY (plus AWS_ENDPOINT_URL for MinIO) or the pod's IAM role") from None
-    client = boto3.client("s3")
-    for path, key in zip(files, keys, strict=True):
-        client.upload_file(str(path), bucket_name, key)
+        raise KServeError("s3:// storage needs boto3 (pip install boto3)") from None
+    try:
+        # A fresh session: endpoint, region and credentials from the environment as it is now (AWS_* variables).
+        client = boto3.session.Session().client("s3")
+        client.head_bucket(Bucket=bucket_name)  # a missing bucket or permission fails before any upload
+        for path, key in zip(files, keys, strict=True):
+            client.upload_file(str(path), bucket_name, key)
+    except botocore.exceptions.NoCredentialsError:
+        raise KServeError(f"no AWS credentials for s3://{bucket_name}: set AWS_ACCESS_KEY_ID and "
+                          "AWS_SECRET_ACCESS_KEY (from a Secret), or give the pod an IAM role") from None
+    except botocore.exceptions.ClientError as exc:
+        error = exc.response.get("Error", {})
+        code = {"404": "NoSuchBucket", "403": "AccessDenied"}.get(str(error.get("Code")), error.get("Code", "error"))
+        raise KServeError(f"s3://{bucket_name}: {code}: {error.get('Message') or 'refused'}") from None
+    except (botocore.exceptions.BotoCoreError, boto3.exceptions.S3UploadFailedError) as exc:
+        raise KServeError(f"s3://{bucket_name}: {str(exc).splitlines()[0]}") from None
 
 
 def service_name_for(model_name: str) -> str:
@@ -193,15 +225,21 @@ def service_name_for(model_name: str) -> str:
 
 
 def inference_service(name: str, namespace: str, storage_uri: str, protocol: str, model_name: str, version: str,
-                      runtime: str = "", service_account: str = "", cpu: str = "1", memory: str = "2Gi") -> dict:
-    """The InferenceService manifest, checked against the schema of the fields it uses."""
+                      runtime: str = DEFAULT_RUNTIME, service_account: str = "", cpu: str = "1", memory: str = "2Gi",
+                      api_key_secret: str = DEFAULT_API_KEY_SECRET) -> dict:
+    """The InferenceService manifest, checked against KServe's InferenceService schema.
+
+    The caller's bearer key reaches the runtime as INFERENCE_API_KEY from the Secret `api_key_secret`
+    (key `api-key`); without the Secret the pod does not start, so the model is never served openly.
+    """
     resources = {"cpu": cpu, "memory": memory}
     model: dict[str, Any] = {
         "modelFormat": {"name": "pytorch"},
         "protocolVersion": protocol,
         "storageUri": storage_uri,
         # Two single-threaded workers (model-config.yaml) instead of threads oversubscribing the CPU limit.
-        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+        "env": [{"name": "OMP_NUM_THREADS", "value": "1"},
+                {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": "api-key"}}}],
         "resources": {"requests": dict(resources), "limits": dict(resources)},
     }
     if runtime:
@@ -213,14 +251,12 @@ def inference_service(name: str, namespace: str, storage_uri: str, protocol: str
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceService",
         "metadata": {"name": name, "namespace": namespace,
-                     # KServe's TorchServe runtime sets TS_SERVICE_ENVELOPE from this label.
-                     "labels": {"app.kubernetes.io/name": model_name, "app.kubernetes.io/version": version,
-                                "serviceEnvelope": ENVELOPES[protocol]}},
+                     "labels": {"app.kubernetes.io/name": model_name, "app.kubernetes.io/version": version}},
         "spec": {"predictor": predictor},
     }
     try:
         validate(manifest)
-    except SchemaError as exc:
+    except ManifestError as exc:
         raise KServeError(f"invalid InferenceService: {exc}") from None
     return manifest
 
@@ -296,20 +332,25 @@ def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_r
            api: Any = None) -> Deployment:
     """Publish `<storage_uri>/<version>/` and point the InferenceService at it (dry run: manifest only)."""
     if not target.storage_uri:
-        raise KServeError("storage_uri is required: a path, file://, gs:// or s3:// location for the model store")
+        raise KServeError("storage_uri is required: an s3://, gs:// or pvc:// location for the model store")
     if target.protocol not in PROTOCOLS:
         raise KServeError(f"protocol {target.protocol!r} is not one of {', '.join(PROTOCOLS)}")
     if not Path(mar).is_file():
         raise KServeError(f"{mar}: model archive not found")
     location = versioned(target.storage_uri, version)
-    local = _local_path(location)
-    model_uri = versioned(target.model_uri, version) if target.model_uri else (
-        local.resolve().as_uri() if local is not None else location)
+    model_uri = versioned(target.model_uri, version) if target.model_uri else location
+    scheme = urlsplit(model_uri).scheme
+    if not dry_run and scheme not in CLUSTER_SCHEMES:
+        raise KServeError(f"{model_uri}: the cluster cannot read a local path; use s3://, gs:// or "
+                          "pvc://<claim>/<path> (local directories are for --kserve-dry-run only)")
+    if dry_run and scheme not in CLUSTER_SCHEMES:
+        local = _local_path(model_uri)
+        model_uri = local.resolve().as_uri() if local is not None else model_uri
     manifest = inference_service(target.service_name or service_name_for(model_name), target.namespace, model_uri,
                                  target.protocol, model_name, version, target.runtime, target.service_account,
-                                 target.cpu, target.memory)
+                                 target.cpu, target.memory, target.api_key_secret)
     with tempfile.TemporaryDirectory(prefix="kserve-store-") as tmp:
-        stage_layout(Path(mar), model_name, version, Path(tmp), target.protocol)
+        stage_layout(Path(mar), model_name, version, Path(tmp))
         publish(Path(tmp), location)
     if dry_run:
         return Deployment(location, manifest, "")

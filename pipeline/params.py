@@ -17,7 +17,7 @@ from serving.config import MODEL_NAME, MODEL_VERSION
 from training.index import INDEX_TYPES
 from training.train import TrainConfig
 
-from .kserve import PROTOCOLS
+from .kserve import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
 
 DEPLOY_TARGETS = ("local", "kserve", "none")
 NO_CURRENT_MODEL = -1.0
@@ -80,14 +80,17 @@ PARAMS: tuple[Param, ...] = (
     Param("deploy_target", str, "none", "where a model that passes the gate goes", choices=DEPLOY_TARGETS),
     Param("serve_workdir", str, "", "local TorchServe working directory (logs, key file); '' = local_outputs/serve"),
     Param("serve_config", str, "", "local TorchServe config.properties; '' = the project's"),
-    Param("kserve_storage_uri", str, "", "where the model store is written: path, file://, gs:// or s3://"),
+    Param("kserve_storage_uri", str, "", "where the model store is written: s3://, gs://, pvc://<claim>/<path> "
+          "(claim mounted in the task), or a local directory with kserve_dry_run"),
     Param("kserve_model_uri", str, "", "kserve_storage_uri as the cluster reads it (e.g. pvc://claim/dir); "
           "'' = kserve_storage_uri itself; the version directory is appended to both"),
     Param("kserve_namespace", str, "default", "namespace of the InferenceService"),
     Param("kserve_service_name", str, "", "InferenceService name; '' = derived from model_name"),
     Param("kserve_protocol", str, "v1", "KServe inference protocol", choices=PROTOCOLS),
-    Param("kserve_runtime", str, "", "ServingRuntime to use; '' = KServe picks one for modelFormat pytorch"),
+    Param("kserve_runtime", str, DEFAULT_RUNTIME, "ServingRuntime (deploy/kserve/servingruntime.yaml) serving the model"),
     Param("kserve_service_account", str, "", "service account holding the storage credentials"),
+    Param("kserve_api_key_secret", str, DEFAULT_API_KEY_SECRET,
+          "Secret whose key api-key callers present as a bearer token"),
     Param("kserve_dry_run", bool, False, "write the storage layout and return the manifest; touch no cluster"),
 )
 DEFAULTS: dict[str, Any] = {p.name: p.default for p in PARAMS}
@@ -111,7 +114,7 @@ def validate(values: dict[str, Any]) -> dict[str, Any]:
         if problem:
             raise ParamError(f"{p.name}={value!r}: {problem}")
     if out["deploy_target"] == "kserve" and not out["kserve_storage_uri"]:
-        raise ParamError("deploy_target=kserve needs kserve_storage_uri (a path, file://, gs:// or s3:// URI)")
+        raise ParamError("deploy_target=kserve needs kserve_storage_uri (an s3://, gs:// or pvc:// URI)")
     return out
 
 

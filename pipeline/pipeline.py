@@ -35,6 +35,7 @@ def mnist_embedding_pipeline(
     kserve_protocol: str = D["kserve_protocol"],
     kserve_runtime: str = D["kserve_runtime"],
     kserve_service_account: str = D["kserve_service_account"],
+    kserve_api_key_secret: str = D["kserve_api_key_secret"],
     kserve_dry_run: bool = D["kserve_dry_run"],
 ):
     data = load_data(source=data_source)
@@ -57,5 +58,5 @@ def mnist_embedding_pipeline(
                               storage_uri=kserve_storage_uri, model_uri=kserve_model_uri,
                               namespace=kserve_namespace, service_name=kserve_service_name,
                               protocol=kserve_protocol, runtime=kserve_runtime,
-                              service_account=kserve_service_account,
+                              service_account=kserve_service_account, api_key_secret=kserve_api_key_secret,
                               dry_run=kserve_dry_run).set_caching_options(False)

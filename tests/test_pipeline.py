@@ -2,7 +2,6 @@
 the quality gate, the CLI, and the KServe deploy target (storage layout, manifest, runtime config)."""
 
 import copy
-import importlib.util
 import json
 import os
 import subprocess
@@ -278,7 +277,8 @@ def _files(root: Path) -> list[str]:
 
 
 def test_kserve_dry_run_layout_and_manifest(mar, tmp_path):
-    from pipeline.isvc_schema import validate
+    from pipeline.kserve import API_KEY_ENV, DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME
+    from pipeline.manifests import validate
 
     store = tmp_path / "store"
     result = deploy(mar, "embedding", "1.0", KServeTarget(storage_uri=store.as_uri(), namespace="models",
@@ -293,49 +293,51 @@ def test_kserve_dry_run_layout_and_manifest(mar, tmp_path):
     assert model["modelFormat"] == {"name": "pytorch"} and model["protocolVersion"] == "v2"
     assert model["storageUri"] == (store / "1.0").as_uri() and result.url == ""
     assert set(model["resources"]) == {"requests", "limits"}
+    assert model["runtime"] == DEFAULT_RUNTIME
+    key_env = next(e for e in model["env"] if e["name"] == API_KEY_ENV)
+    assert key_env["valueFrom"] == {"secretKeyRef": {"name": DEFAULT_API_KEY_SECRET, "key": "api-key"}}
 
     props = read_properties(store / "1.0/config/config.properties")
-    assert props["inference_address"] == "http://0.0.0.0:8085"
-    assert props["management_address"] == "http://0.0.0.0:8086"
+    # TorchServe only on loopback inside the pod: the gateway (serving.kserve_runtime) is the way in.
+    assert props["inference_address"] == "http://127.0.0.1:8085"
+    assert props["management_address"] == "http://127.0.0.1:8086"
     assert props["metrics_address"] == "http://0.0.0.0:8082"
-    assert props["enable_envvars_config"] == "true" and props["install_py_dep_per_model"] == "false"
+    assert props["disable_token_authorization"] == "true" and props["install_py_dep_per_model"] == "false"
+    assert "enable_envvars_config" not in props and "service_envelope" not in props
     assert props["model_store"] == "/mnt/models/model-store"
     snapshot = json.loads(props["model_snapshot"])
     assert snapshot["modelCount"] == 1 and list(snapshot["models"]) == ["embedding"]
     entry = snapshot["models"]["embedding"]["1.0"]
     settings = yaml.safe_load(MODEL_CONFIG_FILE.read_text())
-    assert entry == {"defaultVersion": True, "marName": "embedding.mar", "batchSize": 1,
-                     **{k: settings[k] for k in ("minWorkers", "maxWorkers", "maxBatchDelay", "responseTimeout")}}
-    assert props["service_envelope"] == "kservev2"
-    assert manifest["metadata"]["labels"]["serviceEnvelope"] == "kservev2"
+    assert entry == {"defaultVersion": True, "marName": "embedding.mar",
+                     **{k: settings[k] for k in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
+                                                 "responseTimeout")}}
 
 
 @pytest.mark.parametrize("path, value, where", [
-    (("spec", "predictor", "model", "protocolversion"), "v2", "unknown field 'protocolversion'"),
-    (("spec", "predictor", "model", "protocolVersion"), "v3", "protocolVersion"),
+    (("spec", "predictor", "model", "protocolversion"), "v2", "protocolversion"),
     (("metadata", "name"), "Embedding_1", "metadata.name"),
-    (("spec", "predictor", "model", "storageUri"), "/srv/models/1.0", "storageUri"),
     (("spec", "predictor", "model", "resources", "limits", "memory"), "2 GB", "limits.memory"),
     (("spec", "predictor", "minReplicas"), "1", "minReplicas"),
 ])
 def test_kserve_schema_rejects_what_the_cluster_would_drop_or_refuse(path, value, where):
-    from pipeline.isvc_schema import SchemaError, validate
     from pipeline.kserve import inference_service
+    from pipeline.manifests import ManifestError, validate
 
     manifest = inference_service("embedding", "default", "s3://bucket/embedding/1.0", "v1", "embedding", "1.0")
     node = manifest
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
-    with pytest.raises(SchemaError, match=where.replace(".", r"\.")):
+    with pytest.raises(ManifestError, match=where.replace(".", r"\.")):
         validate(manifest)
 
 
 @pytest.mark.serving
 @pytest.mark.parametrize("protocol", ["v1", "v2"])
 def test_kserve_runtime_config_serves_with_a_real_torchserve(mar, tmp_path, protocol):
-    """The generated config.properties on loopback ports (model_snapshot and envelope kept) loads and
-    answers KServe protocol requests, several images and a bad one per request, without a token."""
+    """The generated config.properties on other loopback ports (model_snapshot and batching kept) loads, and
+    TorchServe's own v1/v2 routes answer KServe protocol requests, several images and a bad one per request."""
     from client import BadImageError, EmbeddingClient
 
     deploy(mar, "embedding", "1.0", KServeTarget(storage_uri=str(tmp_path / "store"), protocol=protocol),
@@ -371,7 +373,8 @@ def test_kserve_component_dry_run_with_kfp_local(mar, tmp_path):
         imported = dsl.importer(artifact_uri=store_dir, artifact_class=Model, reimport=False)
         deploy_kserve(mar=imported.output, model_name="embedding", model_version="2.0", storage_uri=storage_uri,
                       model_uri="pvc://models/embedding", namespace="serving", service_name="", protocol="v1",
-                      runtime="torchserve-faiss", service_account="models-sa", dry_run=True)
+                      runtime="torchserve-faiss", service_account="models-sa",
+                      api_key_secret="models-key", dry_run=True)
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "runs"))
     with task_environment():
@@ -454,7 +457,8 @@ def test_kserve_rolls_forward_by_patching_the_same_service(mar, tmp_path):
 
 def test_kserve_times_out_with_the_ready_condition_message(mar, tmp_path):
     cluster = FakeCluster(stuck="Revision failed: ImagePullBackOff")
-    target = KServeTarget(storage_uri=str(tmp_path / "store"), poll_s=0.01, timeout_s=0.05)
+    target = KServeTarget(storage_uri=str(tmp_path / "store"), model_uri="s3://models/embedding", poll_s=0.01,
+                          timeout_s=0.05)
     with pytest.raises(KServeError, match="not Ready after 0s: Revision failed: ImagePullBackOff"):
         deploy(mar, "embedding", "1.0", target, api=cluster)
 
@@ -470,16 +474,10 @@ def test_kserve_raw_deployment_mode_needs_only_ready():
 
 
 @pytest.mark.parametrize("uri, message", [
-    ("pvc://models/embedding", "mount the claim"),
+    ("pvc://models/embedding", "claim models is not mounted at /nonexistent/pvc"),
     ("hdfs://namenode/models", "cannot write to hdfs://"),
 ])
-def test_kserve_refuses_storage_it_cannot_write(mar, uri, message):
+def test_kserve_refuses_storage_it_cannot_write(mar, uri, message, monkeypatch):
+    monkeypatch.setenv("PVC_MOUNT_PATH", "/nonexistent/pvc")
     with pytest.raises(KServeError, match=message):
         deploy(mar, "embedding", "1.0", KServeTarget(storage_uri=uri), dry_run=True)
-
-
-def test_kserve_s3_without_boto3_says_what_is_needed(mar):
-    if importlib.util.find_spec("boto3") is not None:
-        pytest.skip("boto3 is installed here: the missing-client error cannot happen")
-    with pytest.raises(KServeError, match=r"s3:// storage needs boto3 \(pip install boto3\)"):
-        deploy(mar, "embedding", "1.0", KServeTarget(storage_uri="s3://bucket/models"), dry_run=True)

@@ -1,0 +1,379 @@
+"""The serving image's PID 1: TorchServe on loopback, and KServe's protocols on the port KServe routes to.
+
+KServe expects one HTTP port that answers the KServe v1 and Open Inference v2 REST paths, health and
+model metadata included. TorchServe's frontend already routes ``/v1/models/<m>:predict``,
+``/v2/models/<m>/infer`` and ``/predictions/<m>`` to the handler (which reads every format, see
+:mod:`handler.protocols`), but has no health, readiness or metadata paths. So this process
+
+- starts ``torchserve --foreground`` with the storage initializer's layout (``/mnt/models``), its
+  inference and management APIs on loopback only;
+- answers ``/v2/health/live``, ``/v2/health/ready``, ``/v1/models/<m>``, ``/v2/models/<m>[/versions/<v>]``
+  and ``.../ready`` itself, from TorchServe's ping and its workers' status;
+- passes inference requests through to TorchServe unchanged;
+- requires ``Authorization: Bearer <key>`` on everything but the two health paths, the key coming from
+  the environment (a Kubernetes Secret); without a key it refuses to start unless told
+  ``--allow-unauthenticated`` (for a mesh that authenticates in front of it);
+- forwards SIGTERM to TorchServe, and exits non-zero as soon as TorchServe exits on its own, so that
+  Kubernetes restarts the container instead of keeping a pod that answers nothing.
+
+Only the standard library, aiohttp and :mod:`serving.config` are imported: the image has no kfp or
+training code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Awaitable, Callable
+from urllib.parse import quote, urlsplit
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+
+from serving.config import read_properties
+
+logger = logging.getLogger("kserve_runtime")
+
+#: Environment variable holding the bearer key callers must present (set from a Kubernetes Secret).
+API_KEY_ENV = "INFERENCE_API_KEY"
+#: The only paths answered without the key: what the kubelet's probes call.
+PROBE_PATHS = ("/v2/health/live", "/v2/health/ready")
+DEFAULT_PORT = 8080
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: How long TorchServe gets to finish in-flight work after SIGTERM before it is killed.
+GRACE_S = 20.0
+#: Readiness answers are reused this long, so probes and clients don't each ask the management API.
+READY_CACHE_S = 1.0
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+              "transfer-encoding", "upgrade", "host", "content-length", "authorization"}
+
+
+class RuntimeConfigError(Exception):
+    """The TorchServe configuration cannot be served behind the gateway; the message says why."""
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where TorchServe listens inside the container, and the model it serves."""
+
+    inference: str
+    management: str
+    model: str
+    versions: tuple[str, ...]
+    max_request_size: int
+    response_timeout_s: float
+
+    @classmethod
+    def from_config(cls, ts_config: Path, model: str | None = None) -> "Upstream":
+        try:
+            props = read_properties(ts_config)
+        except OSError as exc:
+            raise RuntimeConfigError(f"{ts_config}: {exc.strerror or exc}") from None
+        addresses = {}
+        for key in ("inference_address", "management_address"):
+            address = props.get(key, "")
+            host = urlsplit(address).hostname
+            if host not in LOOPBACK:
+                raise RuntimeConfigError(f"{ts_config}: {key}={address or '(unset)'} must be a loopback address: "
+                                         "TorchServe is reached only through the gateway")
+            addresses[key] = address.rstrip("/")
+        try:
+            models = json.loads(props["model_snapshot"])["models"]
+        except (KeyError, ValueError, TypeError):
+            raise RuntimeConfigError(f"{ts_config}: model_snapshot must list the model to serve") from None
+        if model is None:
+            if len(models) != 1:
+                raise RuntimeConfigError(f"{ts_config}: model_snapshot lists {len(models)} models; pass --model-name")
+            model = next(iter(models))
+        if model not in models:
+            raise RuntimeConfigError(f"{ts_config}: model {model!r} is not in model_snapshot")
+        return cls(addresses["inference_address"], addresses["management_address"], model,
+                   tuple(models[model]), int(props.get("max_request_size", 6553500)),
+                   float(props.get("default_response_timeout", 120)))
+
+
+def _json(status: int, body: dict) -> web.Response:
+    return web.json_response(body, status=status)
+
+
+class Gateway:
+    """KServe v1 / Open Inference v2 REST in front of TorchServe (see the module docstring)."""
+
+    def __init__(self, upstream: Upstream, api_key: str | None) -> None:
+        self.upstream = upstream
+        self.api_key = api_key.encode() if api_key else None
+        self.session: ClientSession | None = None
+        self._ready: tuple[float, bool] = (0.0, False)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.upstream.max_request_size, middlewares=[self._auth])
+        get, post = web.get, web.post
+        app.add_routes([
+            get("/v2/health/live", self.live),
+            get("/v2/health/ready", self.ready),
+            get("/v2", self.server_metadata),
+            get("/v1/models", self.list_models),
+            get("/v1/models/{spec}", self.v1_model),
+            post("/v1/models/{spec}", self.v1_predict),
+            get("/v2/models/{model}", self.v2_metadata),
+            get("/v2/models/{model}/versions/{version}", self.v2_metadata),
+            get("/v2/models/{model}/ready", self.v2_ready),
+            get("/v2/models/{model}/versions/{version}/ready", self.v2_ready),
+            post("/v2/models/{model}/infer", self.v2_infer),
+            post("/v2/models/{model}/versions/{version}/infer", self.v2_infer),
+            post("/predictions/{model}", self.passthrough),
+            post("/predictions/{model}/{version}", self.passthrough),
+            get("/ping", self.passthrough),
+        ])
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, _: web.Application) -> None:
+        timeout = ClientTimeout(total=self.upstream.response_timeout_s + 5)
+        self.session = ClientSession(connector=TCPConnector(limit=256), timeout=timeout, auto_decompress=False)
+
+    async def _close(self, _: web.Application) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    @web.middleware
+    async def _auth(self, request: web.Request,
+                    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        if self.api_key is not None and request.path not in PROBE_PATHS:
+            scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key):
+                return _json(401, {"error": "missing or wrong bearer key: send Authorization: Bearer <key>"})
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            return _json(413, {"error": f"request body larger than {self.upstream.max_request_size} bytes"})
+        except web.HTTPException as exc:
+            return _json(exc.status, {"error": exc.reason})
+
+    # --- health and metadata -------------------------------------------------------------------------
+
+    async def _upstream_alive(self) -> bool:
+        assert self.session is not None
+        try:
+            async with self.session.get(f"{self.upstream.inference}/ping", timeout=ClientTimeout(total=3)) as r:
+                return r.status == 200
+        except (ClientError, asyncio.TimeoutError):
+            return False
+
+    async def _model_ready(self) -> bool:
+        checked, ready = self._ready
+        if time.monotonic() - checked < READY_CACHE_S:
+            return ready
+        assert self.session is not None
+        url = f"{self.upstream.management}/models/{quote(self.upstream.model)}"
+        try:
+            async with self.session.get(url, timeout=ClientTimeout(total=3)) as response:
+                models = await response.json(content_type=None) if response.status == 200 else []
+            ready = any(worker.get("status") == "READY"
+                        for model in models for worker in model.get("workers", []))
+        except (ClientError, asyncio.TimeoutError, ValueError, AttributeError, TypeError):
+            ready = False
+        self._ready = (time.monotonic(), ready)
+        return ready
+
+    async def live(self, _: web.Request) -> web.Response:
+        alive = await self._upstream_alive()
+        return _json(200 if alive else 503, {"live": alive})
+
+    async def ready(self, _: web.Request) -> web.Response:
+        ready = await self._model_ready()
+        return _json(200 if ready else 503, {"ready": ready})
+
+    async def server_metadata(self, _: web.Request) -> web.Response:
+        return _json(200, {"name": "torchserve", "version": _torchserve_version(), "extensions": []})
+
+    async def list_models(self, _: web.Request) -> web.Response:
+        return _json(200, {"models": [self.upstream.model]})
+
+    def _known(self, model: str, version: str | None = None) -> web.Response | None:
+        if model != self.upstream.model or (version is not None and version not in self.upstream.versions):
+            what = model if version is None else f"{model} version {version}"
+            return _json(404, {"error": f"model {what} is not served here"})
+        return None
+
+    async def v1_model(self, request: web.Request) -> web.Response:
+        model = request.match_info["spec"]
+        missing = self._known(model)
+        if missing:
+            return missing
+        ready = await self._model_ready()
+        return _json(200 if ready else 503, {"name": model, "ready": ready})
+
+    async def v2_ready(self, request: web.Request) -> web.Response:
+        model, version = request.match_info["model"], request.match_info.get("version")
+        missing = self._known(model, version)
+        if missing:
+            return missing
+        ready = await self._model_ready()
+        return _json(200 if ready else 503, {"name": model, "ready": ready})
+
+    async def v2_metadata(self, request: web.Request) -> web.Response:
+        model, version = request.match_info["model"], request.match_info.get("version")
+        missing = self._known(model, version)
+        if missing:
+            return missing
+        return _json(200, {
+            "name": model,
+            "versions": list(self.upstream.versions),
+            "platform": "pytorch_torchscript",
+            "inputs": [
+                {"name": "image", "datatype": "BYTES", "shape": [-1]},
+                {"name": "pixels", "datatype": "FP32", "shape": [-1, 1, 28, 28]},
+            ],
+            "outputs": [{"name": "<input name>", "datatype": "BYTES", "shape": [-1]}],
+        })
+
+    # --- inference -------------------------------------------------------------------------------------
+
+    async def v1_predict(self, request: web.Request) -> web.StreamResponse:
+        model, _, verb = request.match_info["spec"].partition(":")
+        if verb != "predict":
+            return _json(404, {"error": f"unknown v1 verb {verb!r}: use /v1/models/{model}:predict"})
+        return await self._forward(request, f"/v1/models/{quote(model)}:predict")
+
+    async def v2_infer(self, request: web.Request) -> web.StreamResponse:
+        model, version = request.match_info["model"], request.match_info.get("version")
+        path = f"/predictions/{quote(model)}/{quote(version)}" if version else f"/v2/models/{quote(model)}/infer"
+        return await self._forward(request, path)
+
+    async def passthrough(self, request: web.Request) -> web.StreamResponse:
+        return await self._forward(request, request.rel_url.raw_path)
+
+    async def _forward(self, request: web.Request, path: str) -> web.StreamResponse:
+        assert self.session is not None
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        if request.content_type == "application/x-www-form-urlencoded" and not body.isascii():
+            # `curl --data-binary @digit.png` labels image bytes as a form; a urlencoded form is ASCII, and
+            # TorchServe's form decoder answers 500 to anything else. Pass such a body on as what it is.
+            headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+            headers["Content-Type"] = "application/octet-stream"
+        try:
+            async with self.session.request(request.method, f"{self.upstream.inference}{path}",
+                                            params=request.rel_url.query, data=body, headers=headers) as upstream:
+                payload = await upstream.read()
+                return web.Response(status=upstream.status, body=payload,
+                                    content_type=upstream.content_type or "application/json")
+        except (ClientError, asyncio.TimeoutError) as exc:
+            logger.warning("TorchServe did not answer %s %s: %s", request.method, path, exc)
+            return _json(503, {"error": "the model server is not answering; retry shortly"})
+
+
+def _torchserve_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("torchserve")
+    except Exception:
+        return "unknown"
+
+
+async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: int, grace_s: float) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(gateway.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, reuse_address=True).start()
+    logger.info("gateway on %s:%d -> TorchServe %s (model %s, auth %s)", host, port, gateway.upstream.inference,
+                gateway.upstream.model, "bearer key" if gateway.api_key else "OFF")
+    exited = loop.run_in_executor(None, server.wait)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({exited, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if exited.done():
+        code = exited.result()
+        logger.error("TorchServe exited (code %s) without being asked to: exiting so the pod is restarted", code)
+        status = code or 1
+    else:
+        logger.info("stopping: TorchServe gets %.0f s to finish", grace_s)
+        status = 0
+    await runner.cleanup()
+    await loop.run_in_executor(None, _stop_group, server, grace_s)
+    return status
+
+
+def _stop_group(server: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM TorchServe's process group (launcher and Java), SIGKILL what is left after the grace period."""
+    group = server.pid  # started as a session leader
+    try:
+        os.killpg(group, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap()
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _reap()
+
+
+def _reap() -> None:
+    """As PID 1, collect exited orphans (TorchServe's Java outlives its launcher when the launcher dies)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m serving.kserve_runtime", description=__doc__.split("\n")[0])
+    parser.add_argument("--model-store", default="/mnt/models/model-store")
+    parser.add_argument("--ts-config", default="/mnt/models/config/config.properties")
+    parser.add_argument("--model-name", default=None, help="default: the one model in model_snapshot")
+    parser.add_argument("--http-host", default="0.0.0.0")
+    parser.add_argument("--http-port", type=int, default=int(os.environ.get("PORT", DEFAULT_PORT)))
+    parser.add_argument("--grace-period", type=float, default=GRACE_S, help="seconds TorchServe gets after SIGTERM")
+    parser.add_argument("--allow-unauthenticated", action="store_true",
+                        help=f"serve without {API_KEY_ENV} (only behind a mesh policy that authenticates callers)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = parse_args(argv)
+    api_key = os.environ.get(API_KEY_ENV, "").strip() or None
+    if api_key is None and not args.allow_unauthenticated:
+        print(f"kserve_runtime: {API_KEY_ENV} is not set: set it from a Secret, or pass --allow-unauthenticated "
+              "when a mesh policy authenticates callers", file=sys.stderr)
+        return 2
+    try:
+        upstream = Upstream.from_config(Path(args.ts_config), args.model_name)
+    except RuntimeConfigError as exc:
+        print(f"kserve_runtime: {exc}", file=sys.stderr)
+        return 2
+    if not Path(args.model_store).is_dir():
+        print(f"kserve_runtime: model store {args.model_store} is not a directory", file=sys.stderr)
+        return 2
+    server = subprocess.Popen(["torchserve", "--foreground", "--ncs", "--model-store", args.model_store,
+                               "--ts-config", args.ts_config], start_new_session=True)
+    return asyncio.run(_serve(Gateway(upstream, api_key), server, args.http_host, args.http_port, args.grace_period))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

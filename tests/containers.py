@@ -1,0 +1,176 @@
+"""Build the project's images with scripts/build-images.sh and run containers as a cluster would.
+
+The engine and its settings (podman with runc and a containers.conf here) are the ones the build script
+chose, read from build/images.json. The build options this kind of machine needs (a local Debian base,
+runc, the local torch wheel directory, the proxy's CA bundle) are found here, or taken verbatim from
+BUILD_IMAGES_ARGS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from serving.config import REPO
+
+IMAGES_JSON = REPO / "build" / "images.json"
+SERVING_RUNTIME = REPO / "deploy" / "kserve" / "servingruntime.yaml"
+BUILD_TIMEOUT_S = 1500
+
+
+def engine_or_reason() -> tuple[str | None, str]:
+    """(docker|podman, '') when one can run containers here, else (None, why not)."""
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "info"], capture_output=True, timeout=30).returncode == 0:
+        return "docker", ""
+    if shutil.which("podman"):
+        return "podman", ""
+    return None, "neither a docker daemon nor podman is available to run containers"
+
+
+def _pip_setting(name: str) -> str:
+    out = subprocess.run(["pip", "config", "get", f"global.{name}"], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def machine_build_args(engine: str) -> list[str]:
+    """build-images.sh options for a machine like this one (no registry, local torch wheel, TLS proxy)."""
+    if "BUILD_IMAGES_ARGS" in os.environ:
+        return shlex.split(os.environ["BUILD_IMAGES_ARGS"])
+    args = ["--engine", engine]
+    if engine == "podman":
+        if shutil.which("mmdebstrap"):
+            args.append("--local-base")
+        if shutil.which("runc"):
+            args += ["--runtime", "runc"]
+        links = _pip_setting("find-links")
+        if links and Path(links).is_dir() and any(Path(links).glob("torch-*.whl")):
+            args += ["--find-links", links]
+        cert = os.environ.get("PIP_CERT") or _pip_setting("cert")
+        if cert and Path(cert).is_file():
+            args += ["--ca-bundle", cert]
+    return args
+
+
+def build_images(engine: str, only: str | None = None) -> dict:
+    """Run scripts/build-images.sh (cached by content hash) and return build/images.json."""
+    args = [str(REPO / "scripts" / "build-images.sh"), *machine_build_args(engine), "--quiet"]
+    if only:
+        args += ["--only", only]
+    started = time.monotonic()
+    result = subprocess.run(args, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    if result.returncode != 0:
+        raise AssertionError(f"build-images.sh failed ({result.returncode}):\n{result.stdout}\n{result.stderr[-3000:]}")
+    print(f"build-images.sh {' '.join(args[1:])}: {time.monotonic() - started:.1f} s\n{result.stdout}")
+    return json.loads(IMAGES_JSON.read_text())
+
+
+def runtime_container(path: Path = SERVING_RUNTIME) -> dict:
+    """The predictor container of the shipped ServingRuntime: command, args, env, ports, probes."""
+    (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    (container,) = doc["spec"]["containers"]
+    return container
+
+
+@dataclass
+class Container:
+    """One running container, driven through the engine's CLI."""
+
+    engine: str
+    name: str
+    conf: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def _cli(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        env = {**os.environ, **({"CONTAINERS_CONF": self.conf} if self.conf else {})}
+        result = subprocess.run([self.engine, *args], capture_output=True, text=True, timeout=timeout, env=env)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{self.engine} {' '.join(args[:3])}... failed: {result.stderr[-2000:]}")
+        return result
+
+    @classmethod
+    def run(cls, images: dict, image: str, name: str, command: list[str], env: dict[str, str],
+            mounts: dict[Path, str], ports: dict[int, int], user: int | None = None) -> "Container":
+        """`engine run -d` with read-only mounts {host: container path} and ports {host port: container port}."""
+        self = cls(images["engine"], name, images.get("containers_conf"))
+        self._cli("rm", "-f", name, check=False)
+        args = ["run", "-d", "--name", name]
+        for host, inside in mounts.items():
+            args += ["-v", f"{host}:{inside}:ro"]
+        for host_port, port in ports.items():
+            args += ["-p", f"127.0.0.1:{host_port}:{port}"]
+        for key, value in env.items():
+            args += ["-e", f"{key}={value}"]
+        if user is not None:
+            args += ["--user", str(user)]
+        args += ["--entrypoint", command[0], image, *command[1:]]
+        self._cli(*args)
+        return self
+
+    def state(self) -> tuple[str, int]:
+        out = self._cli("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", self.name).stdout.split()
+        return out[0], int(out[1])
+
+    def logs(self) -> str:
+        result = self._cli("logs", self.name, check=False)
+        return result.stdout + result.stderr
+
+    def exec_python(self, code: str) -> str:
+        return self._cli("exec", self.name, "python", "-c", code).stdout
+
+    def stop(self, timeout_s: int = 30) -> float:
+        started = time.monotonic()
+        self._cli("stop", "-t", str(timeout_s), self.name, timeout=timeout_s + 30)
+        return time.monotonic() - started
+
+    def wait_exit(self, timeout_s: float) -> tuple[str, int, float]:
+        started = time.monotonic()
+        while True:
+            status, code = self.state()
+            elapsed = time.monotonic() - started
+            if status in ("exited", "stopped") or elapsed > timeout_s:
+                return status, code, elapsed
+            time.sleep(0.25)
+
+    def remove(self) -> None:
+        self._cli("rm", "-f", self.name, check=False)
+
+
+def http_get(url: str, headers: dict[str, str] | None = None, timeout: float = 5) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def wait_for_probe(base_url: str, probe: dict, timeout_s: float, container: Container | None = None) -> float:
+    """Poll the probe's httpGet path as the kubelet would, until it answers 200; returns the seconds taken."""
+    path = probe["httpGet"]["path"]
+    period = float(probe.get("periodSeconds", 10))
+    started = time.monotonic()
+    time.sleep(float(probe.get("initialDelaySeconds", 0)))
+    while True:
+        try:
+            status, _ = http_get(base_url + path, timeout=float(probe.get("timeoutSeconds", 1)))
+        except OSError:
+            status = 0
+        if status == 200:
+            return time.monotonic() - started
+        if container is not None and container.state()[0] == "exited":
+            raise AssertionError(f"container exited before {path} answered:\n{container.logs()[-3000:]}")
+        if time.monotonic() - started > timeout_s:
+            logs = container.logs()[-3000:] if container else ""
+            raise AssertionError(f"{path} not 200 after {timeout_s:.0f} s (last {status}):\n{logs}")
+        time.sleep(min(period, 1.0))

@@ -1,0 +1,267 @@
+"""The cluster's serving path, on this machine: the model store published to S3 (moto's S3 server on loopback),
+downloaded by KServe's own storage code as the storage initializer does, then served by the serving image
+built by scripts/build-images.sh with the command, arguments, environment, port and probes read from the
+shipped ServingRuntime (deploy/kserve/servingruntime.yaml) and the storage mounted read-only at /mnt/models.
+
+Every answer is checked against the offline answer of the same artifacts; then TorchServe's Java process
+is killed inside the container, which must exit non-zero (so Kubernetes restarts it), and a second
+container must stop cleanly and quickly on SIGTERM. Resource limits and the securityContext's capability
+drop are not applied here (podman with runc on hybrid cgroups); the user id is.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import subprocess
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+from containers import Container, build_images, engine_or_reason, http_get, runtime_container, wait_for_probe
+from imagegen import png_bytes, user_digit_png
+from s3server import client_env, s3_server, storage_initializer_env
+
+from client import BadImageError, EmbeddingClient
+from handler.service import EmbeddingService
+from pipeline.kserve import API_KEY_ENV, KServeTarget, deploy
+from serving.config import REPO
+from serving.server import free_ports
+
+ENGINE, WHY_NOT = engine_or_reason()
+pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
+
+KILL_JAVA = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv0 = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")[0]
+    except OSError:
+        continue
+    if argv0.endswith(b"java"):
+        os.kill(int(pid), signal.SIGKILL)
+        print(pid)
+"""
+
+
+@pytest.fixture(scope="module")
+def images() -> dict:
+    return build_images(ENGINE, only="serving")
+
+
+@pytest.fixture(scope="module")
+def mnt_models(model_store, tmp_path_factory):
+    """/mnt/models as the storage initializer leaves it: published to S3 by the deploy code, read back by
+    kserve-storage with the environment KServe derives from the example S3 Secret."""
+    from test_kserve_storage import EXAMPLE_SECRET, files, kserve_download
+
+    result = subprocess.run([str(REPO / "scripts" / "kserve-storage-venv.sh")], capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    storage_python = result.stdout.strip().splitlines()[-1]
+    out = tmp_path_factory.mktemp("mnt-models")
+    with s3_server() as endpoint, pytest.MonkeyPatch.context() as patch:
+        for key, value in client_env(endpoint).items():
+            patch.setenv(key, value)
+        import boto3
+
+        boto3.session.Session().client("s3").create_bucket(Bucket="models")
+        deployed = deploy(model_store / "embedding.mar", "embedding", "1.0",
+                          KServeTarget(storage_uri="s3://models/embedding"), dry_run=True)
+        uri = deployed.manifest["spec"]["predictor"]["model"]["storageUri"]
+        download = kserve_download(storage_python, uri, out, endpoint)
+    assert download.returncode == 0, download.stderr[-2000:]
+    assert files(out) == ["config/config.properties", "model-store/embedding.mar"]
+    assert EXAMPLE_SECRET.is_file()
+    subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)  # the image runs as uid 10001
+    return out, deployed.manifest
+
+
+def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str, str, dict]:
+    """Run the serving image as the ServingRuntime + InferenceService describe it; returns (container, url, key, spec)."""
+    models_dir, manifest = mnt_models
+    spec = runtime_container()
+    model = manifest["spec"]["predictor"]["model"]
+    key = secrets.token_hex(16)
+    env = {e["name"]: e["value"] for e in spec.get("env", []) if "value" in e}
+    for entry in model.get("env", []):  # the InferenceService's env, the Secret's value filled in
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+        elif entry.get("valueFrom", {}).get("secretKeyRef"):
+            env[entry["name"]] = key
+    assert env[API_KEY_ENV] == key
+    (port,) = [p["containerPort"] for p in spec["ports"]]
+    (host_port,) = free_ports(1)
+    container = Container.run(images, images["serving"]["ref"], name, spec["command"] + spec["args"], env,
+                              {models_dir: "/mnt/models"}, {host_port: port},
+                              user=spec.get("securityContext", {}).get("runAsUser"))
+    return container, f"http://127.0.0.1:{host_port}", key, spec
+
+
+@pytest.fixture(scope="module")
+def predictor(images, mnt_models):
+    container, url, key, spec = start_predictor(images, mnt_models, f"embedding-predictor-{uuid.uuid4().hex[:6]}")
+    try:
+        ready_s = wait_for_probe(url, spec["readinessProbe"], 180, container)
+        print(f"container start to ready: {ready_s:.1f} s")
+        yield container, url, key, spec
+    finally:
+        container.remove()
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_artifacts) -> EmbeddingService:
+    return EmbeddingService.from_dir(tiny_artifacts)
+
+
+@pytest.fixture(scope="module")
+def canvases(prepared_sample) -> list[np.ndarray]:
+    return [prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == d)[0])] for d in range(10)]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def post(url: str, body: dict | bytes, key: str | None, content_type: str = "application/json") -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def expected(offline: EmbeddingService, images: list[bytes]) -> list[dict]:
+    answers, _ = offline.answer(images)
+    return [a if "error" in a else {**a, "model_version": "1.0"} for a in answers]
+
+
+def close(got: list[dict], want: list[dict]) -> None:
+    """Same labels, verdicts and neighbours; distances within 1e-4 (batch composition moves the last digits)."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if "error" in w:
+            assert g == w
+            continue
+        assert (g["pred"], g["unknown"], g["model_version"]) == (w["pred"], w["unknown"], w["model_version"])
+        assert [n["label"] for n in g["neighbours"]] == [n["label"] for n in w["neighbours"]]
+        assert abs(g["dist"] - w["dist"]) < 1e-4 and abs(g["confidence"] - w["confidence"]) < 1e-4
+
+
+def test_probes_need_no_key_and_everything_else_does(predictor):
+    container, url, key, spec = predictor
+    for probe in ("readinessProbe", "livenessProbe"):
+        status, body = http_get(url + spec[probe]["httpGet"]["path"])
+        assert status == 200 and json.loads(body) in ({"ready": True}, {"live": True})
+    for path in ("/v1/models/embedding", "/v2/models/embedding", "/v2", "/ping"):
+        assert http_get(url + path)[0] == 401
+        assert http_get(url + path, {"Authorization": "Bearer wrong"})[0] == 401
+    assert post(f"{url}/v1/models/embedding:predict", {"instances": []}, None)[0] == 401
+    status, body = http_get(url + "/v1/models/embedding", {"Authorization": f"Bearer {key}"})
+    assert status == 200 and json.loads(body) == {"name": "embedding", "ready": True}
+    status, body = http_get(url + "/v2/models/embedding", {"Authorization": f"Bearer {key}"})
+    meta = json.loads(body)
+    assert status == 200 and meta["name"] == "embedding" and meta["versions"] == ["1.0"]
+    assert {i["datatype"] for i in meta["inputs"]} == {"BYTES", "FP32"}
+    assert http_get(url + "/v2/models/embedding/ready", {"Authorization": f"Bearer {key}"})[0] == 200
+    assert http_get(url + "/v2/models/other/ready", {"Authorization": f"Bearer {key}"})[0] == 404
+
+
+def test_v1_like_pytorch_serve_mnist_json(predictor, offline, canvases):
+    """pytorch/serve's v1 mnist.json layout: instances with base64 "data" (and a "target" it ignores)."""
+    _, url, key, _ = predictor
+    pngs = [user_digit_png(c) for c in canvases]
+    status, body = post(f"{url}/v1/models/embedding:predict",
+                        {"instances": [{"data": b64(p), "target": d} for d, p in enumerate(pngs)]}, key)
+    assert status == 200
+    close(body["predictions"], expected(offline, pngs))
+
+
+def test_v2_bytes_like_pytorch_serve_mnist_v2_bytes_json(predictor, offline, canvases):
+    _, url, key, _ = predictor
+    png = user_digit_png(canvases[0])
+    request_id = str(uuid.uuid4())
+    status, body = post(f"{url}/v2/models/embedding/infer", {"id": request_id, "inputs": [
+        {"data": [b64(png)], "datatype": "BYTES", "name": str(uuid.uuid4()), "shape": [-1]}]}, key)
+    assert status == 200 and body["id"] == request_id and body["model_name"] == "embedding"
+    close([json.loads(t) for t in body["outputs"][0]["data"]], expected(offline, [png]))
+
+
+def test_v2_tensor_like_pytorch_serve_mnist_v2_tensor_json(predictor, offline, canvases):
+    """A [1, 28, 28] FP32 tensor as ToTensor gives it answers as the PNG of the same image does."""
+    _, url, key, _ = predictor
+    for digit in (0, 7):
+        tensor = (canvases[digit].astype(np.float32) / 255.0)[None].tolist()
+        status, body = post(f"{url}/v2/models/embedding/infer", {"id": "t", "inputs": [
+            {"name": "input-0", "shape": [1, 28, 28], "datatype": "FP32", "data": tensor}]}, key)
+        assert status == 200
+        close([json.loads(t) for t in body["outputs"][0]["data"]], expected(offline, [png_bytes(canvases[digit])]))
+
+
+def test_torchserve_route_and_the_client_protocols(predictor, offline, canvases):
+    _, url, key, _ = predictor
+    png = user_digit_png(canvases[4])
+    # No Content-Type: urllib, like `curl --data-binary`, labels the bytes a urlencoded form.
+    request = urllib.request.Request(f"{url}/predictions/embedding", data=png,
+                                     headers={"Authorization": f"Bearer {key}"}, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        close([json.loads(response.read())], expected(offline, [png]))
+    pngs = [user_digit_png(c) for c in canvases[:3]] + [b"not an image"]
+    for protocol in ("v1", "v2"):
+        with EmbeddingClient(url, protocol=protocol, token=key) as client:
+            answers = client.predict_batch(pngs)
+            assert isinstance(answers[3], BadImageError) and answers[3].status == 400
+            close(answers[:3], expected(offline, pngs[:3]))
+
+
+def test_hostile_requests_get_4xx_and_the_server_keeps_answering(predictor, offline, canvases):
+    _, url, key, _ = predictor
+    infer, predict = f"{url}/v2/models/embedding/infer", f"{url}/v1/models/embedding:predict"
+    nan_image = [[float("nan")] * 28] * 28
+    cases = [
+        (predict, b"{not json", 400),
+        (predict, {"instances": "x"}, 400),
+        (predict, {"instances": [{"data": b64(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)}]}, 400),
+        (infer, {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 28, 28], "data": [nan_image]}]}, 400),
+        (infer, {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 28, 28], "data": [[[2.0] * 28] * 28]}]},
+         400),
+        (infer, {"inputs": [{"name": "x", "datatype": "FP32", "shape": [9, 9], "data": [0.0] * 81}]}, 400),
+        (infer, {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1, 784], "data": [0] * 784}]}, 400),
+        (f"{url}/v2/models/nope/infer", {"inputs": []}, 404),
+        (predict, b"x" * (9 * 1024 * 1024), 413),
+    ]
+    for target, body, want in cases:
+        data = body if isinstance(body, bytes) else json.dumps(body, allow_nan=True).encode()
+        status, answer = post(target, data, key)
+        assert status == want, (target, str(body)[:80], status, answer)
+        assert isinstance(answer, dict) and ("error" in answer or "message" in answer)
+    png = user_digit_png(canvases[9])
+    status, body = post(predict, {"instances": [{"data": b64(png)}]}, key)
+    assert status == 200
+    close(body["predictions"], expected(offline, [png]))
+
+
+def test_killing_torchserve_java_makes_the_container_exit_non_zero(predictor):
+    container, url, _, spec = predictor
+    assert container.exec_python(KILL_JAVA).strip(), "no java process found in the container"
+    status, code, elapsed = container.wait_exit(30)
+    assert status == "exited" and code != 0, f"still {status} after {elapsed:.1f} s:\n{container.logs()[-2000:]}"
+    assert "exiting so the pod is restarted" in container.logs()
+    print(f"container exited with {code} {elapsed:.1f} s after Java was killed")
+
+
+def test_sigterm_stops_the_container_cleanly(images, mnt_models):
+    container, url, _, spec = start_predictor(images, mnt_models, f"embedding-stop-{uuid.uuid4().hex[:6]}")
+    try:
+        wait_for_probe(url, spec["readinessProbe"], 180, container)
+        seconds = container.stop(timeout_s=30)
+        status, code = container.state()
+        assert (status, code) == ("exited", 0), container.logs()[-2000:]
+        assert seconds < 25, f"took {seconds:.1f} s: SIGTERM was not forwarded"
+    finally:
+        container.remove()
