@@ -370,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.model_store).is_dir():
         print(f"kserve_runtime: model store {args.model_store} is not a directory", file=sys.stderr)
         return 2
-    server = subprocess.Popen(["torchserve", "--foreground", "--ncs", "--model-store", args.model_store,
+    beside = Path(sys.executable).with_name("torchserve")  # the launcher of this Python's environment
+    launcher = str(beside) if beside.is_file() else "torchserve"
+    server = subprocess.Popen([launcher, "--foreground", "--ncs", "--model-store", args.model_store,
                                "--ts-config", args.ts_config], start_new_session=True)
     return asyncio.run(_serve(Gateway(upstream, api_key), server, args.http_host, args.http_port, args.grace_period))
 
