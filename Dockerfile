@@ -16,9 +16,10 @@ RUN apt-get update \
       ca-certificates python3 python3-venv openjdk-17-jre-headless \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 
-# Non-root. /gcs, /minio and /s3 are where KFP's launcher puts artifacts: KFP backends before 2.2 do
+# Non-root. /gcs, /minio and /s3 are where KFP's launcher puts artifacts: KFP backends before 2.3 do
 # not mount writable volumes there, so they exist here, writable by the task's user (and by group 0,
-# for clusters that pick an arbitrary uid).
+# for clusters that pick an arbitrary uid). Backends before 2.0.2 create them unusable for non-root
+# users whatever the image does; `python -m pipeline submit` refuses those (pipeline/images.py).
 RUN useradd --create-home --home-dir /home/app --uid 10001 --gid 0 --shell /bin/bash app \
  && mkdir -p /gcs /minio /s3 \
  && chown 10001:0 /gcs /minio /s3 /home/app \
@@ -57,6 +58,8 @@ COPY training/ /opt/mnist-embedding/training/
 COPY handler/ /opt/mnist-embedding/handler/
 COPY serving/ /opt/mnist-embedding/serving/
 COPY pipeline/ /opt/mnist-embedding/pipeline/
+# pipeline.manifests validates every manifest the deploy task writes against these schemas.
+COPY deploy/schemas/ /opt/mnist-embedding/deploy/schemas/
 
 USER 10001:0
 WORKDIR /home/app

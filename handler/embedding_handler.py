@@ -87,9 +87,9 @@ class EmbeddingHandler(BaseHandler):
         self.context = context
         requests, answers, timings = self.inference(self.preprocess(data))
         ids = ",".join((context.request_ids or {}).values())
-        logger.info("batch=%d images=%d rejected=%d unknown=%d preprocess_ms=%.2f embed_ms=%.2f search_ms=%.2f "
-                    "pid=%d ids=%s", len(data), len(answers), timings.rejected, timings.unknown,
-                    1e3 * timings.preprocess, 1e3 * timings.embed, 1e3 * timings.search, os.getpid(), ids)
+        logger.info("batch=%d rejected=%d unknown=%d preprocess_ms=%.2f embed_ms=%.2f search_ms=%.2f images=%d "
+                    "pid=%d ids=%s", len(data), timings.rejected, timings.unknown, 1e3 * timings.preprocess,
+                    1e3 * timings.embed, 1e3 * timings.search, len(answers), os.getpid(), ids)
         if context.metrics is not None:
             record_metrics(context.metrics, len(answers), timings)
         return self.postprocess((requests, answers, timings))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -14,16 +15,25 @@ from typing import Any, NoReturn
 
 from serving.server import ServerError
 
+from . import images
 from . import params as P
-from .local_run import OutputArtifact, run_local
+
+# pipeline.local_run, .pipeline and .components are imported where used: .components reads
+# $PIPELINE_IMAGE when first imported, and compile/submit set it (to the chosen image) first.
 
 TOKEN_ENV = "KF_PIPELINES_TOKEN"
 HOST_ENV = "KF_PIPELINES_ENDPOINT"  # the kfp client's own variable
+EXPERIMENT_ENV = "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME"  # the kfp client's own variable
+HEALTHZ_PATH = "/apis/v2beta1/healthz"
 SAMPLE_DIGIT = 7
 
 
 class CliError(Exception):
     """One-line reason the command failed."""
+
+
+class UsageError(CliError):
+    """One-line reason the command cannot start as given (exit code 2, like argparse's)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,9 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     c = sub.add_parser("compile", help="write the pipeline package (YAML)")
     c.add_argument("--out", type=Path, default=Path("pipeline.yaml"))
+    _add_image_arguments(c)
     s = sub.add_parser("submit", help="compile and start a run on a Kubeflow Pipelines cluster")
+    _add_image_arguments(s)
     s.add_argument("--host", default=os.environ.get(HOST_ENV), help=f"KFP API URL (default: ${HOST_ENV})")
-    s.add_argument("--experiment", default=None, help="experiment name (default: the client's, else 'Default')")
+    s.add_argument("--experiment", default=None, help=f"experiment name (default: ${EXPERIMENT_ENV}, else 'Default')")
     s.add_argument("--namespace", default=None, help="user namespace on multi-user clusters")
     s.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default: ${TOKEN_ENV})")
     s.add_argument("--run-name", default=None)
@@ -51,14 +63,70 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _compile(out: Path) -> Path:
+def _add_image_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--image", default=None, metavar="REF",
+                   help=f"image every task runs in (default: ${images.IMAGE_ENV}; required); pinned by digest "
+                        "when the images JSON records a pushed digest for it")
+    p.add_argument("--images-json", type=Path, default=None, metavar="PATH",
+                   help=f"what scripts/build-images.sh built (default: ${images.IMAGES_JSON_ENV}, else "
+                        "build/images.json)")
+
+
+def _image(args: argparse.Namespace) -> str:
+    """The image reference the compiled pipeline names; $PIPELINE_IMAGE is set to it before
+    `pipeline.components` (which reads it at import) is imported here."""
+    given = args.image or os.environ.get(images.IMAGE_ENV)
+    images_json = args.images_json or Path(os.environ.get(images.IMAGES_JSON_ENV) or images.DEFAULT_IMAGES_JSON)
+    try:
+        resolved = images.resolve(given, images_json)
+        os.environ[images.IMAGE_ENV] = resolved.ref
+        from .components import DEFAULT_PIPELINE_IMAGE
+
+        images.refuse_placeholder(resolved.ref, DEFAULT_PIPELINE_IMAGE)
+    except images.ImageError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"image: {resolved.ref} ({resolved.how})")
+    return resolved.ref
+
+
+def _compile(out: Path, image: str) -> Path:
+    """Compile into `out`; every executor must name `image` (a package that does not is not written)."""
     from kfp import compiler
 
+    from .components import DEFAULT_PIPELINE_IMAGE
     from .pipeline import mnist_embedding_pipeline
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(mnist_embedding_pipeline, str(out))
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.yaml")  # the compiler wants a .yaml name
+    try:
+        compiler.Compiler().compile(mnist_embedding_pipeline, str(tmp))
+        _set_executor_images(tmp, image, DEFAULT_PIPELINE_IMAGE)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
+
+
+def _executor_images(text: str) -> list[str]:
+    import yaml
+
+    spec = next(yaml.safe_load_all(text))
+    return [e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()]
+
+
+def _set_executor_images(package: Path, image: str, placeholder: str) -> None:
+    """Name `image` in every executor. The components take it from $PIPELINE_IMAGE at import, so this
+    rewrites only when they were imported earlier in this process with another value."""
+    text = package.read_text()
+    for stale in set(_executor_images(text)) - {image}:
+        text = re.sub(rf"^(\s*image:\s*)(['\"]?){re.escape(stale)}\2[ \t]*$",
+                      lambda m: m.group(1) + image, text, flags=re.MULTILINE)
+    named = _executor_images(text)
+    if not named or set(named) != {image}:
+        raise CliError(f"the compiled package names {', '.join(sorted(set(named))) or 'no image'}, not {image}")
+    if placeholder in text:
+        raise CliError(f"the compiled package still names the placeholder image {placeholder}")
+    package.write_text(text)
 
 
 def _unreachable_reason(exc: BaseException) -> str:
@@ -66,32 +134,134 @@ def _unreachable_reason(exc: BaseException) -> str:
 
     if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
         exc = exc.reason
-    return str(exc).split(": ", 1)[-1] if isinstance(exc, urllib3.exceptions.NewConnectionError) else str(exc)
+    reason = str(exc).split(": ", 1)[-1] if isinstance(exc, urllib3.exceptions.NewConnectionError) else str(exc)
+    return " ".join(reason.split())
 
 
-def _submit(args: argparse.Namespace, values: dict[str, Any]) -> None:
+def _server_detail(body: object) -> str:
+    """The server's own message (KFP answers {"error", "code", "message", "details"}), on one short line."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not isinstance(body, str) or not body.strip():
+        return ""
+    try:
+        data = json.loads(body)
+        text = str(data.get("message") or data.get("error") or "") if isinstance(data, dict) else ""
+    except ValueError:
+        text = "" if body.lstrip().startswith("<") else body  # an HTML error page says nothing useful
+    text = " ".join(text.split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _api_error(host: str, step: str, exc: Any) -> CliError:
+    """One line for an error status of the KFP API: the status, the server's message, what to check."""
+    status, reason = exc.status, " ".join(str(exc.reason or "").split())
+    if not status:  # TLS failures and the like: kfp_server_api reports them as status 0
+        return CliError(f"cannot reach Kubeflow Pipelines at {host}: {reason}")
+    if status == 401:
+        hint = f"check the token (--token or ${TOKEN_ENV}): missing, wrong or expired"
+    elif status == 403:
+        hint = ("the token was accepted but may not do this: check --namespace (your profile namespace) and "
+                "that the account may use it")
+    elif status == 404 and step.startswith("check"):
+        hint = ("check --host: the Kubeflow Pipelines API root (behind the Kubeflow gateway "
+                "https://HOST/pipeline), and a KFP 2.x backend (1.x has no v2beta1 API)")
+    elif status == 404:
+        hint = "check --host and that the experiment and --namespace exist"
+    elif status >= 500:
+        hint = "the Kubeflow Pipelines API server failed: see its log (deploy/ml-pipeline) and retry"
+    else:
+        hint = "the server refused the request"
+    detail = _server_detail(getattr(exc, "body", None))
+    return CliError(f"{host} answered {status} {reason} to {step}{f' ({detail})' if detail else ''}: {hint}")
+
+
+def _api_client(host: str, token: str | None) -> Any:
+    """A kfp_server_api client configured as kfp.client.Client configures it for an explicit host/token."""
+    import kfp_server_api
+
+    config = kfp_server_api.Configuration(host=host)
+    if token:
+        config.api_key["authorization"] = token
+        config.api_key_prefix["authorization"] = "Bearer"
+    return kfp_server_api.ApiClient(config)
+
+
+def _check_backend(host: str, token: str | None) -> dict:
+    """GET /apis/v2beta1/healthz; refuse a backend older than images.MIN_KFP_BACKEND.
+
+    The API server answers {"commit_sha", "tag_name", "multi_user"} (kfp_server_api's model keeps only
+    multi_user, so the JSON is read here); `tag_name` is its release, "unknown" on builds without one."""
+    import kfp_server_api
+
+    api = kfp_server_api.HealthzServiceApi(_api_client(host, token))
+    response = api.healthz_service_get_healthz(_preload_content=False, _request_timeout=(10, 60))
+    try:
+        health = json.loads(response.data)
+        if not isinstance(health, dict):
+            raise ValueError
+    except ValueError:
+        kind = response.headers.get("Content-Type", "a body")
+        raise CliError(f"{host}{HEALTHZ_PATH} answered {kind}, not the Kubeflow Pipelines health JSON: check "
+                       "--host (a login page means the gateway did not accept the token)") from None
+    tag = health.get("tag_name")
+    version = images.backend_version(tag)
+    minimum = images.version_text(images.MIN_KFP_BACKEND)
+    if version is None:
+        print(f"pipeline: warning: {host} does not report its Kubeflow Pipelines version (healthz tag_name "
+              f"{tag!r}); the pipeline image needs {minimum} or later", file=sys.stderr)
+    elif version < images.MIN_KFP_BACKEND:
+        raise CliError(f"KFP backend {tag} is older than {minimum}, the oldest this pipeline's image runs on: "
+                       f"{images.MIN_KFP_BACKEND_REASON}")
+    return health
+
+
+def _submit(args: argparse.Namespace, values: dict[str, Any], image: str) -> None:
     import kfp_server_api
     import urllib3
     from kfp.client import Client
 
     if not args.host:
         raise CliError(f"--host (or ${HOST_ENV}) is required: the Kubeflow Pipelines API URL")
+    host = args.host.rstrip("/") if args.host.startswith("http") else "https://" + args.host.rstrip("/")
+
+    class _Client(Client):
+        """The kfp client, answering its own healthz question from the check already made."""
+
+        def get_kfp_healthz(self, sleep_duration: int = 5) -> Any:
+            return kfp_server_api.V2beta1GetHealthzResponse(multi_user=health.get("multi_user"))
+
+    step = f"check the backend (GET {HEALTHZ_PATH})"
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # "This client only works with KFP v2.0.0-beta.2 and later"
-        package = _compile(Path(tmp) / "pipeline.yaml")
         try:
-            client = Client(host=args.host, existing_token=args.token, namespace=args.namespace or "kubeflow")
-            run = client.create_run_from_pipeline_package(
-                str(package), arguments=values, run_name=args.run_name, experiment_name=args.experiment,
-                namespace=args.namespace)
+            health = _check_backend(host, args.token)
+            if health.get("multi_user") and not args.namespace and not os.path.exists(Client._NAMESPACE_PATH):
+                raise CliError(f"{host} is a multi-user Kubeflow Pipelines: pass --namespace (your profile namespace)")
+            client = _Client(host=host, existing_token=args.token, namespace=args.namespace or "kubeflow")
+            experiment_name = args.experiment or os.environ.get(EXPERIMENT_ENV) or "Default"
+            step = f"find or create the experiment {experiment_name!r}"
+            try:
+                experiment = client.create_experiment(name=experiment_name, namespace=args.namespace)
+            except ValueError as exc:  # e.g. "Multiple experiments is found with name ..."
+                raise CliError(f"{host}: {exc}") from None
+            package = _compile(Path(tmp) / "pipeline.yaml", image)  # after the server's checks: they are quick
+            step = "create the run"
+            from .pipeline import PIPELINE_NAME
+
+            run_name = args.run_name or f"{PIPELINE_NAME} {datetime.datetime.now():%Y-%m-%d %H-%M-%S}"
+            run = client.run_pipeline(experiment_id=experiment.experiment_id, job_name=run_name,
+                                      pipeline_package_path=str(package), params=values)
         except kfp_server_api.ApiException as exc:
-            raise CliError(f"{args.host} refused the run: {exc.status} {exc.reason}") from None
+            raise _api_error(host, step, exc) from None
         except (urllib3.exceptions.HTTPError, OSError, TimeoutError) as exc:
-            raise CliError(f"cannot reach Kubeflow Pipelines at {args.host}: {_unreachable_reason(exc)}") from None
-    print(f"submitted run {run.run_id}: {args.host.rstrip('/')}/#/runs/details/{run.run_id}")
+            raise CliError(f"cannot reach Kubeflow Pipelines at {host}: {_unreachable_reason(exc)}") from None
+    print(f"submitted run {run.run_id}: {host}/#/runs/details/{run.run_id}")
 
 
 def _run_local(args: argparse.Namespace, values: dict[str, Any]) -> None:
+    from .local_run import run_local
+
     workdir = args.workdir.resolve()
     values["serve_workdir"] = str(Path(values["serve_workdir"] or workdir / "serve").resolve())
     if values["serve_config"]:
@@ -105,8 +275,7 @@ def _run_local(args: argparse.Namespace, values: dict[str, Any]) -> None:
     for task, outputs in run.outputs.items():
         for name, value in outputs.items():
             print(f"  {task}.{name}: {_describe(value)}")
-    gate = (f"accuracy {run.accuracy:.4f}, min_accuracy {values['min_accuracy']:g}, "
-            f"current_accuracy {values['current_accuracy']:g}")
+    gate = f"accuracy {run.accuracy:.4f}, min_accuracy {values['min_accuracy']:g}"
     if run.deployed_by:
         print(f"quality gate passed ({gate}): {run.deployed_by}")
     else:
@@ -118,6 +287,8 @@ def _run_local(args: argparse.Namespace, values: dict[str, Any]) -> None:
 
 def _describe(value: Any) -> str:
     """A path for artifacts written to disk; metadata for those that are metadata only (metrics)."""
+    from .local_run import OutputArtifact
+
     if isinstance(value, OutputArtifact):
         return value.uri if value.path.exists() else json.dumps(value.metadata)
     return json.dumps(value)
@@ -140,10 +311,19 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "compile":
-            print(f"wrote {_compile(args.out)}")
+            print(f"wrote {_compile(args.out, _image(args))}")
             return 0
         values = P.validate(P.from_namespace(args))
-        (_submit if args.command == "submit" else _run_local)(args, values)
+        if args.command == "submit":
+            if values["deploy_target"] == "local":
+                raise UsageError("deploy_target=local starts TorchServe inside a task's pod, which ends with the "
+                                 "task: use it with run-local; on a cluster use --deploy-target kserve")
+            _submit(args, values, _image(args))
+        else:
+            _run_local(args, values)
+    except UsageError as exc:
+        print(f"pipeline: error: {exc}", file=sys.stderr)
+        return 2
     except (CliError, P.ParamError, ServerError) as exc:
         print(f"pipeline: error: {exc}", file=sys.stderr)
         return 1

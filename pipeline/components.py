@@ -100,15 +100,25 @@ def archive(artifacts: Input[Model], model_name: str, model_version: str, mar: O
     from serving.archive import build_mar
 
     path = build_mar(Path(artifacts.path), Path(mar.path), model_name, model_version)
+    metrics = read_metadata(Path(artifacts.path))["metrics"]
     mar.metadata.update({"model_name": model_name, "version": model_version, "mar_name": path.name,
                          "sha256": sha256_file(path), "size_bytes": path.stat().st_size,
-                         "accuracy": read_metadata(Path(artifacts.path))["metrics"]["accuracy"]})
+                         "accuracy": metrics["accuracy"], "open_set_rejection": metrics["open_set_rejection"]})
 
 
 @component
 def deploy_local(mar: Input[Model], model_name: str, workdir: str, config: str, timeout_s: float = 180.0) -> str:
-    """(Re)start the local TorchServe of `workdir` with the new archive; returns the inference URL."""
+    """(Re)start the local TorchServe of `workdir` with the new archive; returns the inference URL.
+
+    For `python -m pipeline run-local` only: in a cluster task it would serve from inside the task's pod,
+    which ends with the task, so there it refuses.
+    """
+    import os
     from pathlib import Path
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        raise RuntimeError("deploy_target=local serves from this task's pod, which ends with the task: use "
+                           "deploy_target=kserve on a cluster (local is for python -m pipeline run-local)")
 
     from pipeline.local_serving import serve_archive
 
@@ -119,19 +129,52 @@ def deploy_local(mar: Input[Model], model_name: str, workdir: str, config: str, 
 
 
 @component
-def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storage_uri: str, model_uri: str,
-                  namespace: str, service_name: str, protocol: str, runtime: str, service_account: str,
-                  api_key_secret: str, dry_run: bool, manifest: Output[Artifact]) -> str:
-    """Publish the KServe model store and create or patch the InferenceService; returns its URL."""
-    import json
+def compare_with_deployed(evaluated: Input[Model], model_name: str, namespace: str, service_name: str,
+                          allow_unknown_current: bool, report: Output[Markdown]) -> str:
+    """The no-regression gate against the live InferenceService: returns "deploy" or "skip"."""
     from pathlib import Path
 
-    from pipeline.kserve import KServeTarget, deploy
+    from handler.artifacts import read_metadata
+    from pipeline.gate import decide
+    from pipeline.gate import report as gate_report
+    from pipeline.kserve import resolve_namespace, service_name_for
 
+    metrics = read_metadata(Path(evaluated.path))["metrics"]
+    name = service_name or service_name_for(model_name)
+    decision = decide(metrics["accuracy"], resolve_namespace(namespace), name, allow_unknown_current)
+    Path(report.path).write_text(gate_report(decision, metrics["accuracy"], metrics["open_set_rejection"]))
+    print(decision.reason)
+    return "deploy" if decision.deploy else "skip"
+
+
+@component
+def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storage_uri: str, model_uri: str,
+                  namespace: str, service_name: str, protocol: str, runtime: str, service_account: str,
+                  api_key_secret: str, run_id: str, dry_run: bool, manifest: Output[Artifact]) -> str:
+    """Publish the KServe model store and create or patch the InferenceService; returns its URL.
+
+    The InferenceService is annotated with what was deployed (accuracy, open-set rejection, version,
+    .mar SHA-256, run id): the next run's gate reads them.
+    """
+    import json
+    import os
+    from pathlib import Path
+
+    from handler.artifacts import sha256_file
+    from pipeline.gate import annotations_for
+    from pipeline.kserve import KServeTarget, deploy
+    from pipeline.params import STORAGE_SECRET_MOUNT
+
+    gcs_key = Path(STORAGE_SECRET_MOUNT) / "gcs-key.json"
+    if gcs_key.is_file() and "GOOGLE_APPLICATION_CREDENTIALS" not in os.environ:
+        os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(gcs_key)
+    path = Path(mar.path) / f"{model_name}.mar"
+    notes = annotations_for(float(mar.metadata["accuracy"]), float(mar.metadata["open_set_rejection"]),
+                            model_version, sha256_file(path), run_id)
     target = KServeTarget(storage_uri=storage_uri, model_uri=model_uri, namespace=namespace,
                           service_name=service_name, protocol=protocol, runtime=runtime,
-                          service_account=service_account, api_key_secret=api_key_secret)
-    result = deploy(Path(mar.path) / f"{model_name}.mar", model_name, model_version, target, dry_run)
+                          service_account=service_account, api_key_secret=api_key_secret, annotations=notes)
+    result = deploy(path, model_name, model_version, target, dry_run)
     Path(manifest.path).write_text(json.dumps(result.manifest, indent=2))
     manifest.metadata.update({"storage": result.location, "applied": not dry_run, "url": result.url})
     print(json.dumps(result.manifest, indent=2))

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,7 +65,7 @@ class KServeTarget:
 
     storage_uri: str
     model_uri: str = ""
-    namespace: str = "default"
+    namespace: str = ""  # "" = the namespace the task runs in
     service_name: str = ""
     protocol: str = "v1"
     runtime: str = DEFAULT_RUNTIME
@@ -75,6 +75,24 @@ class KServeTarget:
     memory: str = "2Gi"
     timeout_s: float = 600.0
     poll_s: float = 5.0
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+#: Where a pod finds its own namespace.
+NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def resolve_namespace(namespace: str, namespace_file: Path = NAMESPACE_FILE) -> str:
+    """The given namespace, else the pipeline run's own (read inside its pod); KServeError when neither."""
+    if namespace:
+        return namespace
+    try:
+        own = namespace_file.read_text().strip()
+    except OSError:
+        own = ""
+    if not own:
+        raise KServeError("kserve_namespace is required (not running in a pod whose namespace could be read)")
+    return own
 
 
 @dataclass(frozen=True)
@@ -226,7 +244,7 @@ def service_name_for(model_name: str) -> str:
 
 def inference_service(name: str, namespace: str, storage_uri: str, protocol: str, model_name: str, version: str,
                       runtime: str = DEFAULT_RUNTIME, service_account: str = "", cpu: str = "1", memory: str = "2Gi",
-                      api_key_secret: str = DEFAULT_API_KEY_SECRET) -> dict:
+                      api_key_secret: str = DEFAULT_API_KEY_SECRET, annotations: dict[str, str] | None = None) -> dict:
     """The InferenceService manifest, checked against KServe's InferenceService schema.
 
     The caller's bearer key reaches the runtime as INFERENCE_API_KEY from the Secret `api_key_secret`
@@ -254,6 +272,8 @@ def inference_service(name: str, namespace: str, storage_uri: str, protocol: str
                      "labels": {"app.kubernetes.io/name": model_name, "app.kubernetes.io/version": version}},
         "spec": {"predictor": predictor},
     }
+    if annotations:
+        manifest["metadata"]["annotations"] = dict(annotations)
     try:
         validate(manifest)
     except ManifestError as exc:
@@ -261,17 +281,21 @@ def inference_service(name: str, namespace: str, storage_uri: str, protocol: str
     return manifest
 
 
-def _custom_objects_api() -> Any:
+def custom_objects_api() -> Any:
+    """The Kubernetes API for custom objects: in-cluster credentials, else the kubeconfig ($KUBECONFIG as it is
+    now: the client library reads that variable only once, at import)."""
     from kubernetes import client, config
 
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         try:
-            config.load_kube_config()
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                    client_configuration=configuration)
         except (config.ConfigException, OSError) as exc:
             raise KServeError(f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}") from None
-    return client.CustomObjectsApi()
+    return client.CustomObjectsApi(client.ApiClient(configuration))
 
 
 def _predictor_status(obj: dict) -> dict:
@@ -282,7 +306,7 @@ def apply(manifest: dict, timeout_s: float = 600.0, api: Any = None, poll_s: flo
     """Create the InferenceService, or merge-patch the existing one, then wait until it serves the new spec."""
     from kubernetes.client.exceptions import ApiException
 
-    api = api or _custom_objects_api()
+    api = api or custom_objects_api()
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     where = (GROUP, VERSION, namespace, PLURAL)
     try:
@@ -346,9 +370,10 @@ def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_r
     if dry_run and scheme not in CLUSTER_SCHEMES:
         local = _local_path(model_uri)
         model_uri = local.resolve().as_uri() if local is not None else model_uri
-    manifest = inference_service(target.service_name or service_name_for(model_name), target.namespace, model_uri,
-                                 target.protocol, model_name, version, target.runtime, target.service_account,
-                                 target.cpu, target.memory, target.api_key_secret)
+    manifest = inference_service(target.service_name or service_name_for(model_name),
+                                 resolve_namespace(target.namespace), model_uri, target.protocol, model_name, version,
+                                 target.runtime, target.service_account, target.cpu, target.memory,
+                                 target.api_key_secret, target.annotations)
     with tempfile.TemporaryDirectory(prefix="kserve-store-") as tmp:
         stage_layout(Path(mar), model_name, version, Path(tmp))
         publish(Path(tmp), location)

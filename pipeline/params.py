@@ -20,7 +20,10 @@ from training.train import TrainConfig
 from .kserve import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
 
 DEPLOY_TARGETS = ("local", "kserve", "none")
-NO_CURRENT_MODEL = -1.0
+#: Secret whose keys the KServe deploy task gets as environment (all optional): the AWS SDK's variables.
+STORAGE_SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
+#: Where the same Secret is mounted for gs:// (a service-account key file named gcs-key.json).
+STORAGE_SECRET_MOUNT = "/var/secrets/storage"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _VERSION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
@@ -35,11 +38,6 @@ def _positive(value: int) -> str | None:
 
 def _accuracy(value: float) -> str | None:
     return None if math.isfinite(value) and value >= 0 else "must be a number >= 0 (above 1 never deploys)"
-
-
-def _current(value: float) -> str | None:
-    ok = value == NO_CURRENT_MODEL or 0.0 <= value <= 1.0
-    return None if ok else f"must be between 0 and 1, or {NO_CURRENT_MODEL:g} when no model is deployed"
 
 
 def _pattern(regex: re.Pattern, what: str) -> Callable[[str], str | None]:
@@ -75,8 +73,9 @@ PARAMS: tuple[Param, ...] = (
     Param("model_version", str, MODEL_VERSION, "model version written into the archive",
           check=_pattern(_VERSION, "letters, digits, '.', '-', '_', starting and ending alphanumeric")),
     Param("min_accuracy", float, 0.9, "deploy only at or above this held-out accuracy", check=_accuracy),
-    Param("current_accuracy", float, NO_CURRENT_MODEL,
-          "accuracy of the deployed model; a worse new model is not deployed (-1: none deployed)", check=_current),
+    Param("allow_unknown_current", bool, False,
+          "deploy to KServe even when the live InferenceService's accuracy cannot be read (no API access, "
+          "no annotation); otherwise that fails the run"),
     Param("deploy_target", str, "none", "where a model that passes the gate goes", choices=DEPLOY_TARGETS),
     Param("serve_workdir", str, "", "local TorchServe working directory (logs, key file); '' = local_outputs/serve"),
     Param("serve_config", str, "", "local TorchServe config.properties; '' = the project's"),
@@ -84,13 +83,18 @@ PARAMS: tuple[Param, ...] = (
           "(claim mounted in the task), or a local directory with kserve_dry_run"),
     Param("kserve_model_uri", str, "", "kserve_storage_uri as the cluster reads it (e.g. pvc://claim/dir); "
           "'' = kserve_storage_uri itself; the version directory is appended to both"),
-    Param("kserve_namespace", str, "default", "namespace of the InferenceService"),
+    Param("kserve_namespace", str, "", "namespace of the InferenceService; '' = the pipeline run's own namespace"),
     Param("kserve_service_name", str, "", "InferenceService name; '' = derived from model_name"),
     Param("kserve_protocol", str, "v1", "KServe inference protocol", choices=PROTOCOLS),
     Param("kserve_runtime", str, DEFAULT_RUNTIME, "ServingRuntime (deploy/kserve/servingruntime.yaml) serving the model"),
     Param("kserve_service_account", str, "", "service account holding the storage credentials"),
     Param("kserve_api_key_secret", str, DEFAULT_API_KEY_SECRET,
           "Secret whose key api-key callers present as a bearer token"),
+    Param("kserve_pvc_claim", str, "", "claim mounted in the deploy task at /mnt/pvc for pvc:// storage "
+          "('' = taken from a pvc:// kserve_storage_uri)"),
+    Param("storage_secret", str, "mnist-embedding-storage",
+          f"Secret giving the deploy task its storage credentials (optional keys {', '.join(STORAGE_SECRET_ENV)}; "
+          f"gcs-key.json mounted at {STORAGE_SECRET_MOUNT})"),
     Param("kserve_dry_run", bool, False, "write the storage layout and return the manifest; touch no cluster"),
 )
 DEFAULTS: dict[str, Any] = {p.name: p.default for p in PARAMS}
@@ -115,6 +119,12 @@ def validate(values: dict[str, Any]) -> dict[str, Any]:
             raise ParamError(f"{p.name}={value!r}: {problem}")
     if out["deploy_target"] == "kserve" and not out["kserve_storage_uri"]:
         raise ParamError("deploy_target=kserve needs kserve_storage_uri (an s3://, gs:// or pvc:// URI)")
+    uri = out["kserve_storage_uri"]
+    if uri.startswith("pvc://"):
+        claim = uri[len("pvc://"):].split("/", 1)[0]
+        if out["kserve_pvc_claim"] and out["kserve_pvc_claim"] != claim:
+            raise ParamError(f"kserve_pvc_claim={out['kserve_pvc_claim']!r} but kserve_storage_uri names claim {claim!r}")
+        out["kserve_pvc_claim"] = claim
     return out
 
 

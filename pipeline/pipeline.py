@@ -3,10 +3,13 @@
 Parameter names and defaults mirror `pipeline.params.PARAMS` (KFP reads them from this signature).
 """
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 
-from .components import archive, build_index, deploy_kserve, deploy_local, evaluate, load_data, train
+from .components import (archive, build_index, compare_with_deployed, deploy_kserve, deploy_local, evaluate,
+                         load_data, train)
+from .kserve import PVC_MOUNT_DEFAULT
 from .params import DEFAULTS as D
+from .params import STORAGE_SECRET_ENV, STORAGE_SECRET_MOUNT
 
 PIPELINE_NAME = "mnist-embedding"
 
@@ -24,7 +27,7 @@ def mnist_embedding_pipeline(
     model_name: str = D["model_name"],
     model_version: str = D["model_version"],
     min_accuracy: float = D["min_accuracy"],
-    current_accuracy: float = D["current_accuracy"],
+    allow_unknown_current: bool = D["allow_unknown_current"],
     deploy_target: str = D["deploy_target"],
     serve_workdir: str = D["serve_workdir"],
     serve_config: str = D["serve_config"],
@@ -36,6 +39,8 @@ def mnist_embedding_pipeline(
     kserve_runtime: str = D["kserve_runtime"],
     kserve_service_account: str = D["kserve_service_account"],
     kserve_api_key_secret: str = D["kserve_api_key_secret"],
+    kserve_pvc_claim: str = D["kserve_pvc_claim"],
+    storage_secret: str = D["storage_secret"],
     kserve_dry_run: bool = D["kserve_dry_run"],
 ):
     data = load_data(source=data_source)
@@ -49,14 +54,31 @@ def mnist_embedding_pipeline(
     mar = packed.outputs["mar"]
 
     with dsl.If(accuracy >= min_accuracy, name="quality-gate"):
-        with dsl.If(accuracy >= current_accuracy, name="no-regression"):
-            with dsl.If(deploy_target == "local", name="target-local"):
-                deploy_local(mar=mar, model_name=model_name, workdir=serve_workdir,
-                             config=serve_config).set_caching_options(False)
-            with dsl.Elif(deploy_target == "kserve", name="target-kserve"):
-                deploy_kserve(mar=mar, model_name=model_name, model_version=model_version,
-                              storage_uri=kserve_storage_uri, model_uri=kserve_model_uri,
-                              namespace=kserve_namespace, service_name=kserve_service_name,
-                              protocol=kserve_protocol, runtime=kserve_runtime,
-                              service_account=kserve_service_account, api_key_secret=kserve_api_key_secret,
-                              dry_run=kserve_dry_run).set_caching_options(False)
+        with dsl.If(deploy_target == "local", name="target-local"):
+            deploy_local(mar=mar, model_name=model_name, workdir=serve_workdir,
+                         config=serve_config).set_caching_options(False)
+        with dsl.Elif(deploy_target == "kserve", name="target-kserve"):
+            gate = compare_with_deployed(evaluated=evaluated.outputs["evaluated"], model_name=model_name,
+                                         namespace=kserve_namespace, service_name=kserve_service_name,
+                                         allow_unknown_current=allow_unknown_current)
+            gate.set_caching_options(False)
+            with dsl.If(gate.outputs["Output"] == "deploy", name="no-regression"):
+                def deploy():  # one task per storage kind: only a pvc:// deploy mounts a claim
+                    task = deploy_kserve(mar=mar, model_name=model_name, model_version=model_version,
+                                         storage_uri=kserve_storage_uri, model_uri=kserve_model_uri,
+                                         namespace=kserve_namespace, service_name=kserve_service_name,
+                                         protocol=kserve_protocol, runtime=kserve_runtime,
+                                         service_account=kserve_service_account, api_key_secret=kserve_api_key_secret,
+                                         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, dry_run=kserve_dry_run)
+                    task.set_caching_options(False)
+                    # Storage credentials only from the Secret, never as parameters (all keys optional).
+                    kubernetes.use_secret_as_env(task, secret_name=storage_secret, optional=True,
+                                                 secret_key_to_env={key: key for key in STORAGE_SECRET_ENV})
+                    kubernetes.use_secret_as_volume(task, secret_name=storage_secret, mount_path=STORAGE_SECRET_MOUNT,
+                                                    optional=True)
+                    return task
+
+                with dsl.If(kserve_pvc_claim == "", name="object-storage"):
+                    deploy()
+                with dsl.Else(name="pvc-storage"):
+                    kubernetes.mount_pvc(deploy(), pvc_name=kserve_pvc_claim, mount_path=PVC_MOUNT_DEFAULT)

@@ -69,7 +69,7 @@ def mnt_models(model_store, tmp_path_factory):
 
         boto3.session.Session().client("s3").create_bucket(Bucket="models")
         deployed = deploy(model_store / "embedding.mar", "embedding", "1.0",
-                          KServeTarget(storage_uri="s3://models/embedding"), dry_run=True)
+                          KServeTarget(namespace="models", storage_uri="s3://models/embedding"), dry_run=True)
         uri = deployed.manifest["spec"]["predictor"]["model"]["storageUri"]
         download = kserve_download(storage_python, uri, out, endpoint)
     assert download.returncode == 0, download.stderr[-2000:]

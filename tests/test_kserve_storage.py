@@ -53,7 +53,7 @@ def test_s3_publish_is_read_back_by_kserve_storage(model_store, s3, storage_pyth
     for key, value in client_env(s3).items():
         monkeypatch.setenv(key, value)
     mar = model_store / "embedding.mar"
-    result = deploy(mar, "embedding", "1.0", KServeTarget(storage_uri="s3://models/embedding"), dry_run=True)
+    result = deploy(mar, "embedding", "1.0", KServeTarget(namespace="models", storage_uri="s3://models/embedding"), dry_run=True)
     uri = result.manifest["spec"]["predictor"]["model"]["storageUri"]
     assert uri == "s3://models/embedding/1.0" and result.location == uri
     out = tmp_path / "mnt-models"
@@ -72,7 +72,7 @@ def test_s3_errors_are_one_line_and_name_no_secret(model_store, s3, monkeypatch)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(KServeError) as missing_bucket:
-        deploy(mar, "embedding", "1.0", KServeTarget(storage_uri="s3://no-such-bucket/embedding"), dry_run=True)
+        deploy(mar, "embedding", "1.0", KServeTarget(namespace="models", storage_uri="s3://no-such-bucket/embedding"), dry_run=True)
     assert str(missing_bucket.value).startswith("s3://no-such-bucket: NoSuchBucket")
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(key)
@@ -80,18 +80,18 @@ def test_s3_errors_are_one_line_and_name_no_secret(model_store, s3, monkeypatch)
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(KServeError, match="^no AWS credentials for s3://models: set AWS_ACCESS_KEY_ID"):
-        deploy(mar, "embedding", "1.0", KServeTarget(storage_uri="s3://models/embedding"), dry_run=True)
+        deploy(mar, "embedding", "1.0", KServeTarget(namespace="models", storage_uri="s3://models/embedding"), dry_run=True)
     for message in (str(missing_bucket.value),):
         assert "\n" not in message and env["AWS_SECRET_ACCESS_KEY"] not in message
 
 
 def test_cluster_deploy_refuses_a_local_path_before_uploading(model_store, tmp_path):
-    target = KServeTarget(storage_uri=str(tmp_path / "store"))
+    target = KServeTarget(namespace="models", storage_uri=str(tmp_path / "store"))
     with pytest.raises(KServeError, match="the cluster cannot read a local path; use s3://, gs:// or pvc://"):
         deploy(model_store / "embedding.mar", "embedding", "1.0", target, api=object())
     with pytest.raises(KServeError, match="cannot read a local path"):
         deploy(model_store / "embedding.mar", "embedding", "1.0",
-               KServeTarget(storage_uri=(tmp_path / "store").as_uri()), api=object())
+               KServeTarget(namespace="models", storage_uri=(tmp_path / "store").as_uri()), api=object())
     assert not (tmp_path / "store").exists()
 
 
@@ -101,7 +101,7 @@ def test_pvc_uri_writes_into_the_mounted_claim(model_store, tmp_path, monkeypatc
     mount.mkdir()
     monkeypatch.setenv("PVC_MOUNT_PATH", str(mount))
     result = deploy(model_store / "embedding.mar", "embedding", "2.0",
-                    KServeTarget(storage_uri="pvc://model-claim/embedding"), dry_run=True)
+                    KServeTarget(namespace="models", storage_uri="pvc://model-claim/embedding"), dry_run=True)
     assert result.manifest["spec"]["predictor"]["model"]["storageUri"] == "pvc://model-claim/embedding/2.0"
     assert files(mount) == [f"embedding/2.0/{f}" for f in LAYOUT]
 
@@ -111,6 +111,6 @@ def test_manifest_holds_no_secret_value(model_store, s3, monkeypatch):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     result = deploy(model_store / "embedding.mar", "embedding", "1.0",
-                    KServeTarget(storage_uri="s3://models/embedding"), dry_run=True)
+                    KServeTarget(namespace="models", storage_uri="s3://models/embedding"), dry_run=True)
     text = json.dumps(result.manifest)
     assert env["AWS_SECRET_ACCESS_KEY"] not in text and env["AWS_ACCESS_KEY_ID"] not in text

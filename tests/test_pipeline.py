@@ -3,6 +3,7 @@ the quality gate, the CLI, and the KServe deploy target (storage layout, manifes
 
 import copy
 import json
+import re
 import os
 import subprocess
 import sys
@@ -48,7 +49,8 @@ def compiled(tmp_path_factory) -> dict:
 
     out = tmp_path_factory.mktemp("compiled") / "pipeline.yaml"
     compiler.Compiler().compile(mnist_embedding_pipeline, str(out))
-    return yaml.safe_load(out.read_text())
+    spec, platform = yaml.safe_load_all(out.read_text())  # the pipeline, then its Kubernetes platform config
+    return {**spec, **platform}
 
 
 def _conditions_above(spec: dict, target: str, dag: dict | None = None, chain: tuple = ()) -> tuple | None:
@@ -80,6 +82,7 @@ def test_compiled_dag_tasks_and_edges(compiled):
         ("evaluate", "artifacts"): ("build-index", "artifacts"),
         ("archive", "artifacts"): ("evaluate", "evaluated"),
         ("condition-1", "pipelinechannel--archive-mar"): ("archive", "mar"),
+        ("condition-1", "pipelinechannel--evaluate-evaluated"): ("evaluate", "evaluated"),
     }
     depends = {task: set(spec.get("dependentTasks", [])) for task, spec in root.items()}
     assert depends == {"load-data": set(), "train": {"load-data"}, "build-index": {"load-data", "train"},
@@ -89,18 +92,52 @@ def test_compiled_dag_tasks_and_edges(compiled):
     assert gate_accuracy["taskOutputParameter"] == {"producerTask": "evaluate", "outputParameterKey": "Output"}
 
 
+def _named(chain: tuple) -> list[str]:
+    return [name for name, condition in chain if condition]
+
+
 def test_compiled_gate_guards_both_deploy_targets(compiled):
-    for target, value in (("deploy-local", "local"), ("deploy-kserve", "kserve")):
-        chain = _conditions_above(compiled, target)
-        names = [name for name, _ in chain]
+    local = _conditions_above(compiled, "deploy-local")
+    assert _named(local) == ["quality-gate", "target-local"], local
+    gate = dict(local)["quality-gate"]
+    assert "min_accuracy" in gate and "evaluate-Output" in gate and ">=" in gate
+    assert "'local'" in dict(local)["target-local"]
+    compare = _conditions_above(compiled, "compare-with-deployed")
+    assert _named(compare) == ["quality-gate", "target-kserve"], compare
+    for task, storage in (("deploy-kserve", "object-storage"), ("deploy-kserve-2", "pvc-storage")):
+        chain = _conditions_above(compiled, task)
+        assert _named(chain) == ["quality-gate", "target-kserve", "no-regression", storage], chain
         conditions = dict(chain)
-        assert names[:2] == ["quality-gate", "no-regression"], chain
-        gate = conditions["quality-gate"]
-        assert "min_accuracy" in gate and "evaluate-Output" in gate and ">=" in gate
-        assert "current_accuracy" in conditions["no-regression"] and ">=" in conditions["no-regression"]
-        assert any("deploy_target" in c and f"'{value}'" in c for c in conditions.values()), chain
-        executor = compiled["components"][f"comp-{target}"]["executorLabel"]
+        assert "compare-with-deployed-Output" in conditions["no-regression"]
+        assert "'deploy'" in conditions["no-regression"]
+        assert "'kserve'" in conditions["target-kserve"]
+    for task in ("deploy-local", "deploy-kserve", "compare-with-deployed"):
+        executor = compiled["components"][f"comp-{task}"]["executorLabel"]
         assert executor in compiled["deploymentSpec"]["executors"]
+
+
+def test_compiled_kserve_deploy_takes_credentials_only_from_the_secret(compiled):
+    """Storage credentials reach the deploy task from a Kubernetes Secret (kfp-kubernetes), the claim of a
+    pvc:// target is mounted, and nothing secret is a parameter or appears in the package."""
+    executors = compiled["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    object_storage = executors["exec-deploy-kserve"]
+    pvc_storage = executors["exec-deploy-kserve-2"]
+    for config in (object_storage, pvc_storage):
+        (env,) = config["secretAsEnv"]
+        assert {e["envVar"] for e in env["keyToEnv"]} == set(P.STORAGE_SECRET_ENV) and env["optional"] is True
+        assert env["secretNameParameter"]["componentInputParameter"] == "pipelinechannel--storage_secret"
+        (volume,) = config["secretAsVolume"]
+        assert volume["mountPath"] == P.STORAGE_SECRET_MOUNT and volume["optional"] is True
+    assert "pvcMount" not in object_storage
+    (mount,) = pvc_storage["pvcMount"]
+    assert mount["mountPath"] == "/mnt/pvc"
+    assert mount["pvcNameParameter"]["componentInputParameter"] == "pipelinechannel--kserve_pvc_claim"
+    text = yaml.safe_dump(compiled)
+    assert "AWS_SECRET_ACCESS_KEY" in text  # as a key name only
+    declared = compiled["root"]["inputDefinitions"]["parameters"]
+    secretish = {name for name in declared if any(w in name for w in ("secret", "key", "token", "password"))}
+    assert secretish == {"storage_secret", "kserve_api_key_secret"}  # names of Secrets, not their values
+    assert all(re.fullmatch(r"[a-z0-9-]+", declared[name]["defaultValue"]) for name in secretish)
 
 
 def test_compiled_parameters_match_the_table(compiled):
@@ -110,14 +147,14 @@ def test_compiled_parameters_match_the_table(compiled):
         assert declared[p.name]["parameterType"] == KFP_TYPES[p.type], p.name
         assert declared[p.name].get("defaultValue") == p.default, p.name
     assert declared["deploy_target"]["defaultValue"] == "none"
-    assert declared["current_accuracy"]["defaultValue"] == -1
+    assert declared["allow_unknown_current"]["defaultValue"] is False
 
 
 def test_cli_compile_takes_the_image_from_the_environment(tmp_path):
     out = tmp_path / "p.yaml"
     proc = _cli("compile", "--out", str(out), PIPELINE_IMAGE="registry.example.com/team/mnist:1.2.3")
     assert proc.returncode == 0, proc.stderr
-    spec = yaml.safe_load(out.read_text())
+    spec = next(yaml.safe_load_all(out.read_text()))
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
     assert images == {"registry.example.com/team/mnist:1.2.3"}
     commands = [" ".join(e["container"]["command"]) for e in spec["deploymentSpec"]["executors"].values()]
@@ -232,18 +269,11 @@ def test_cli_run_local_gate_skips_deploy(tmp_path):
 # ---------------------------------------------------------------- CLI errors
 
 
-def test_cli_submit_to_unreachable_host_fails_on_one_line():
-    (port,) = free_ports(1)
-    proc = _cli("submit", "--host", f"http://127.0.0.1:{port}", "--epochs", "1")
-    assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pipeline: error: cannot reach Kubeflow Pipelines"), proc.stderr
-
-
 @pytest.mark.parametrize("argv, code, message", [
     (["run-local", "--epochs", "0"], 1, "epochs=0: must be a positive integer"),
     (["run-local", "--deploy-target", "kserve"], 1, "needs kserve_storage_uri"),
-    (["run-local", "--current-accuracy", "1.5"], 1, "current_accuracy=1.5"),
+    (["run-local", "--kserve-storage-uri", "pvc://a/x", "--kserve-pvc-claim", "b"], 1,
+     "kserve_pvc_claim='b' but kserve_storage_uri names claim 'a'"),
     (["run-local", "--model-version", "1.0-"], 1, "model_version='1.0-'"),
     (["run-local", "--index-type", "annoy"], 2, "invalid choice: 'annoy'"),
     (["submit", "--epochs", "two"], 2, "invalid int value: 'two'"),
@@ -340,7 +370,7 @@ def test_kserve_runtime_config_serves_with_a_real_torchserve(mar, tmp_path, prot
     TorchServe's own v1/v2 routes answer KServe protocol requests, several images and a bad one per request."""
     from client import BadImageError, EmbeddingClient
 
-    deploy(mar, "embedding", "1.0", KServeTarget(storage_uri=str(tmp_path / "store"), protocol=protocol),
+    deploy(mar, "embedding", "1.0", KServeTarget(namespace="models", storage_uri=str(tmp_path / "store"), protocol=protocol),
            dry_run=True)
     generated = read_properties(tmp_path / "store/1.0/config/config.properties")
     local = with_ports(generated, *free_ports(5))
@@ -370,11 +400,12 @@ def test_kserve_component_dry_run_with_kfp_local(mar, tmp_path):
 
     @dsl.pipeline(name="kserve-dry-run")
     def dry_run(store_dir: str, storage_uri: str):
-        imported = dsl.importer(artifact_uri=store_dir, artifact_class=Model, reimport=False)
+        imported = dsl.importer(artifact_uri=store_dir, artifact_class=Model, reimport=False,
+                                metadata={"accuracy": 0.9312, "open_set_rejection": 0.5})
         deploy_kserve(mar=imported.output, model_name="embedding", model_version="2.0", storage_uri=storage_uri,
                       model_uri="pvc://models/embedding", namespace="serving", service_name="", protocol="v1",
                       runtime="torchserve-faiss", service_account="models-sa",
-                      api_key_secret="models-key", dry_run=True)
+                      api_key_secret="models-key", run_id="run-42", dry_run=True)
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "runs"))
     with task_environment():
@@ -386,6 +417,10 @@ def test_kserve_component_dry_run_with_kfp_local(mar, tmp_path):
     assert predictor["model"]["runtime"] == "torchserve-faiss" and predictor["serviceAccountName"] == "models-sa"
     assert manifest["metadata"]["namespace"] == "serving"
     assert _files(tmp_path / "store") == ["2.0/config/config.properties", "2.0/model-store/embedding.mar"]
+    from handler.artifacts import sha256_file
+    from pipeline.gate import annotations_for
+
+    assert manifest["metadata"]["annotations"] == annotations_for(0.9312, 0.5, "2.0", sha256_file(mar), "run-42")
 
 
 class FakeCluster:
@@ -442,7 +477,7 @@ class FakeCluster:
 
 def test_kserve_rolls_forward_by_patching_the_same_service(mar, tmp_path):
     cluster = FakeCluster()
-    target = KServeTarget(storage_uri=str(tmp_path / "store"), model_uri="s3://models/embedding", poll_s=0.01,
+    target = KServeTarget(namespace="models", storage_uri=str(tmp_path / "store"), model_uri="s3://models/embedding", poll_s=0.01,
                           timeout_s=5)
     first = deploy(mar, "embedding", "1.0", target, api=cluster)
     second = deploy(mar, "embedding", "2.0", target, api=cluster)
@@ -457,7 +492,7 @@ def test_kserve_rolls_forward_by_patching_the_same_service(mar, tmp_path):
 
 def test_kserve_times_out_with_the_ready_condition_message(mar, tmp_path):
     cluster = FakeCluster(stuck="Revision failed: ImagePullBackOff")
-    target = KServeTarget(storage_uri=str(tmp_path / "store"), model_uri="s3://models/embedding", poll_s=0.01,
+    target = KServeTarget(namespace="models", storage_uri=str(tmp_path / "store"), model_uri="s3://models/embedding", poll_s=0.01,
                           timeout_s=0.05)
     with pytest.raises(KServeError, match="not Ready after 0s: Revision failed: ImagePullBackOff"):
         deploy(mar, "embedding", "1.0", target, api=cluster)
@@ -480,4 +515,4 @@ def test_kserve_raw_deployment_mode_needs_only_ready():
 def test_kserve_refuses_storage_it_cannot_write(mar, uri, message, monkeypatch):
     monkeypatch.setenv("PVC_MOUNT_PATH", "/nonexistent/pvc")
     with pytest.raises(KServeError, match=message):
-        deploy(mar, "embedding", "1.0", KServeTarget(storage_uri=uri), dry_run=True)
+        deploy(mar, "embedding", "1.0", KServeTarget(namespace="models", storage_uri=uri), dry_run=True)

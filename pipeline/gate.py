@@ -1,0 +1,125 @@
+"""The no-regression gate: compare the new model with the one the InferenceService actually serves.
+
+Deploy writes what it deployed as annotations on the InferenceService (ANNOTATIONS); the gate reads them
+back through the Kubernetes API before the next deploy. No InferenceService yet means a first deploy,
+which passes. An API that cannot be reached, a missing permission or a service without the accuracy
+annotation means the current model is unknown: the run fails on one line unless it says
+`allow_unknown_current=true`. Either way the comparison and its reason are returned for the run's report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .kserve import GROUP, PLURAL, VERSION, custom_objects_api
+
+#: Annotation keys on the InferenceService, written by deploy and read by the gate.
+PREFIX = "mnist-embedding"
+ANNOTATIONS = {
+    "accuracy": f"{PREFIX}/accuracy",
+    "open_set_rejection": f"{PREFIX}/open-set-rejection",
+    "model_version": f"{PREFIX}/model-version",
+    "mar_sha256": f"{PREFIX}/mar-sha256",
+    "run_id": f"{PREFIX}/run-id",
+}
+
+
+class GateError(Exception):
+    """The current model cannot be known and the run did not allow that; one line."""
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """What the live InferenceService says it serves (None: nothing deployed yet)."""
+
+    accuracy: float | None
+    open_set_rejection: float | None = None
+    model_version: str = ""
+    mar_sha256: str = ""
+    run_id: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    deploy: bool
+    reason: str
+    current: Deployed | None = None
+
+
+def annotations_for(accuracy: float, open_set_rejection: float, model_version: str, mar_sha256: str,
+                    run_id: str) -> dict[str, str]:
+    """The annotations deploy writes (strings, as Kubernetes requires)."""
+    values = {"accuracy": f"{accuracy:.6f}", "open_set_rejection": f"{open_set_rejection:.6f}",
+              "model_version": model_version, "mar_sha256": mar_sha256, "run_id": run_id}
+    return {ANNOTATIONS[key]: value for key, value in values.items()}
+
+
+def _number(notes: dict[str, str], key: str) -> float | None:
+    try:
+        return float(notes[ANNOTATIONS[key]])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_deployed(namespace: str, name: str, api: Any = None) -> Deployed | None:
+    """The annotations of InferenceService namespace/name; None when it does not exist. Raises GateError."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    where = f"InferenceService {namespace}/{name}"
+    try:
+        api = api or custom_objects_api()
+        obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        if exc.status in (401, 403):
+            raise GateError(f"cannot read {where}: {exc.status} {exc.reason} (the run's service account needs get on "
+                            "inferenceservices.serving.kserve.io: deploy/kubeflow/rbac.yaml)") from None
+        raise GateError(f"cannot read {where}: {exc.status} {exc.reason}") from None
+    except (HTTPError, OSError) as exc:
+        raise GateError(f"cannot reach the Kubernetes API to read {where}: {type(exc).__name__}") from None
+    except Exception as exc:  # kserve.KServeError: no credentials at all
+        raise GateError(f"cannot read {where}: {str(exc).splitlines()[0]}") from None
+    notes = (obj.get("metadata") or {}).get("annotations") or {}
+    return Deployed(_number(notes, "accuracy"), _number(notes, "open_set_rejection"),
+                    notes.get(ANNOTATIONS["model_version"], ""), notes.get(ANNOTATIONS["mar_sha256"], ""),
+                    notes.get(ANNOTATIONS["run_id"], ""))
+
+
+def decide(accuracy: float, namespace: str, name: str, allow_unknown_current: bool, api: Any = None) -> Decision:
+    """Deploy when nothing is deployed or the new accuracy is not lower than the deployed one."""
+    where = f"{namespace}/{name}"
+    try:
+        current = read_deployed(namespace, name, api)
+    except GateError as exc:
+        if not allow_unknown_current:
+            raise GateError(f"{exc}; set allow_unknown_current=true to deploy anyway") from None
+        return Decision(True, f"current model unknown ({exc}); deploying because allow_unknown_current=true")
+    if current is None:
+        return Decision(True, f"first deploy: no InferenceService {where} yet")
+    if current.accuracy is None:
+        why = f"InferenceService {where} carries no {ANNOTATIONS['accuracy']} annotation"
+        if not allow_unknown_current:
+            raise GateError(f"{why}; set allow_unknown_current=true to deploy anyway")
+        return Decision(True, f"{why}; deploying because allow_unknown_current=true", current)
+    served = f"deployed {current.accuracy:.4f} (version {current.model_version or '?'})"
+    if accuracy >= current.accuracy:
+        return Decision(True, f"new accuracy {accuracy:.4f} >= {served}", current)
+    return Decision(False, f"new accuracy {accuracy:.4f} < {served}: not deploying", current)
+
+
+def report(decision: Decision, accuracy: float, open_set_rejection: float) -> str:
+    """The gate's section of the run's Markdown report."""
+    current = decision.current
+    rows = [("accuracy", f"{accuracy:.4f}", f"{current.accuracy:.4f}" if current and current.accuracy is not None
+             else "-"),
+            ("open-set rejection", f"{open_set_rejection:.4f}",
+             f"{current.open_set_rejection:.4f}" if current and current.open_set_rejection is not None else "-"),
+            ("model version", "", current.model_version if current else "-"),
+            ("run", "", current.run_id if current else "-")]
+    table = "\n".join(f"| {name} | {new} | {old} |" for name, new, old in rows)
+    verdict = "deploy" if decision.deploy else "skip"
+    return (f"## No-regression gate: {verdict}\n\n{decision.reason}\n\n| | new | deployed |\n|---|---|---|\n"
+            f"{table}\n")

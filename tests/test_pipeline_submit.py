@@ -1,0 +1,342 @@
+"""`python -m pipeline compile|submit`: the explicit, digest-pinned image, and a submit through the real kfp
+client to a stand-in Kubeflow Pipelines API (tests/kfp_standin.py) that records every request."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import free_ports
+from kfp_standin import API, KfpStandin
+
+from pipeline import images
+from pipeline import params as P
+from serving.config import REPO
+
+IMAGE = "registry.example.com/ml/mnist-embedding-pipeline:1.2.3"
+DIGEST = "sha256:" + "5e" * 32
+TOKEN = "T0k3n-for-the-standin"
+SUBMIT_CALLS = [f"GET {API}/healthz", f"GET {API}/experiments", f"POST {API}/experiments", f"POST {API}/runs"]
+
+
+def _placeholder() -> str:
+    from pipeline.components import DEFAULT_PIPELINE_IMAGE
+
+    return DEFAULT_PIPELINE_IMAGE
+
+
+def _cli(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess; no $PIPELINE_IMAGE and no images JSON unless given, HOME private (the
+    kfp client reads ~/.config/kfp/context.json)."""
+    environ = {k: v for k, v in os.environ.items() if k not in (images.IMAGE_ENV, "KF_PIPELINES_TOKEN",
+                                                                "KF_PIPELINES_ENDPOINT")}
+    environ.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HOME": str(home),
+                    images.IMAGES_JSON_ENV: str(home / "no-images.json"), **env})
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, env=environ, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("pipeline: error: "), proc.stderr
+    return lines[0]
+
+
+def _submit(standin: KfpStandin, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return _cli("submit", "--host", standin.url, "--token", TOKEN, *args, home=home, **env)
+
+
+@pytest.fixture
+def cli_main(tmp_path, monkeypatch, capsys):
+    """`main(argv)` in this process (faster than a subprocess: kfp and torch are imported once), with the
+    environment of `_cli`; returns (exit code, stdout, the single stderr line checked like _error_line)."""
+    from kfp.client import Client
+
+    from pipeline.cli import main
+
+    monkeypatch.setattr(Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "kfp-context.json"))
+    monkeypatch.setenv(images.IMAGE_ENV, "")  # main() sets it; monkeypatch restores it afterwards
+    monkeypatch.setenv(images.IMAGES_JSON_ENV, str(tmp_path / "no-images.json"))
+    for name in ("KF_PIPELINES_TOKEN", "KF_PIPELINES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, _error_line(subprocess.CompletedProcess(argv, code, out, err))
+
+    return run
+
+
+def _executor_images(spec: dict) -> set[str]:
+    return {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+
+
+def _run_spec(run: dict) -> dict:
+    spec = run["pipeline_spec"]  # {"pipeline_spec", "platform_spec"} when the pipeline has a platform spec
+    return spec.get("pipeline_spec", spec)
+
+
+# ---------------------------------------------------------------- a submit that works
+
+
+@pytest.fixture(scope="module")
+def submitted(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    with KfpStandin(tag_name="2.3.0") as standin:
+        proc = _submit(standin, home, "--image", IMAGE, "--experiment", "mnist-nightly", "--run-name", "r-1",
+                       "--epochs", "3", "--model-version", "2.0", "--min-accuracy", "0.75")
+    assert proc.returncode == 0, proc.stderr
+    return proc, standin
+
+
+def test_submit_speaks_the_kfp_paths_in_order(submitted):
+    proc, standin = submitted
+    assert standin.calls() == SUBMIT_CALLS
+    listed = standin.requests[1]
+    assert json.loads(listed.query["filter"][0])["predicates"][0]["stringValue"] == "mnist-nightly"
+    assert standin.requests[2].json()["display_name"] == "mnist-nightly"
+    run = standin.runs[0]
+    assert run["experiment_id"] == standin.experiments[0]["experiment_id"] and run["display_name"] == "r-1"
+    assert f"submitted run {run['run_id']}: {standin.url}/#/runs/details/{run['run_id']}" in proc.stdout
+
+
+def test_submit_sends_the_token_on_every_request(submitted):
+    _, standin = submitted
+    assert [r.headers.get("authorization") for r in standin.requests] == [f"Bearer {TOKEN}"] * len(SUBMIT_CALLS)
+
+
+def test_submit_sends_the_compiled_spec_naming_the_chosen_image(submitted):
+    proc, standin = submitted
+    run = standin.runs[0]
+    spec = _run_spec(run)
+    assert spec["pipelineInfo"]["name"] == "mnist-embedding"
+    assert _executor_images(spec) == {IMAGE}
+    assert len(spec["deploymentSpec"]["executors"]) >= 6
+    assert _placeholder().split(":")[0] not in json.dumps(run)
+    assert f"image: {IMAGE} (not pinned: no pipeline image in " in proc.stdout
+
+
+def test_submit_sends_the_parameters(submitted):
+    _, standin = submitted
+    sent = standin.runs[0]["runtime_config"]["parameters"]
+    assert sent == P.validate({"epochs": 3, "model_version": "2.0", "min_accuracy": 0.75})
+    assert (sent["epochs"], sent["model_version"], sent["min_accuracy"]) == (3, "2.0", 0.75)
+
+
+# ---------------------------------------------------------------- the backend's version
+
+
+def test_submit_refuses_an_old_backend_before_uploading(tmp_path):
+    with KfpStandin(tag_name="2.0.1") as standin:
+        proc = _submit(standin, tmp_path, "--image", IMAGE)
+    assert proc.returncode == 1
+    line = _error_line(proc)
+    assert "KFP backend 2.0.1 is older than 2.0.2, the oldest this pipeline's image runs on: " in line
+    assert "uid 10001" in line
+    assert standin.calls() == [f"GET {API}/healthz"]
+
+
+def test_submit_warns_when_the_backend_has_no_version_and_goes_on(tmp_path):
+    with KfpStandin(tag_name=None) as standin:
+        proc = _submit(standin, tmp_path, "--image", IMAGE)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pipeline: warning: ") and "does not report" in lines[0]
+    assert "2.0.2 or later" in lines[0]
+    assert standin.calls() == SUBMIT_CALLS
+
+
+@pytest.mark.parametrize("tag, version", [("2.0.2", (2, 0, 2)), ("v2.3.0-rc.1", (2, 3, 0)), ("2.14.3", (2, 14, 3)),
+                                          ("unknown", None), ("", None), (None, None), ("master", None)])
+def test_backend_version_reads_healthz_tag_names(tag, version):
+    assert images.backend_version(tag) == version
+
+
+def test_minimum_backend_is_one_constant():
+    assert images.MIN_KFP_BACKEND == (2, 0, 2)
+    assert images.backend_version("2.0.1") < images.MIN_KFP_BACKEND <= images.backend_version("2.0.2")
+
+
+# ---------------------------------------------------------------- server errors: one line each
+
+
+@pytest.mark.parametrize("route, status, expected", [
+    ("healthz", 401, "check the token (--token or $KF_PIPELINES_TOKEN)"),
+    ("healthz", 404, "check --host"),
+    ("healthz", 503, "API server failed"),
+    ("list-experiments", 403, "check --namespace"),
+    ("create-experiment", 404, "that the experiment and --namespace exist"),
+    ("create-run", 500, "API server failed"),
+    ("create-run", 401, "check the token"),
+])
+def test_submit_server_errors_fail_on_one_line(cli_main, route, status, expected):
+    message = f"stand-in says {route} failed"
+    with KfpStandin(failures={route: (status, message)}) as standin:
+        code, _, line = cli_main("submit", "--host", standin.url, "--token", TOKEN, "--image", IMAGE)
+    assert code == 1
+    assert f"{standin.url} answered {status} " in line and f"({message})" in line and expected in line, line
+    assert not standin.runs
+    failed_at = {"healthz": 1, "list-experiments": 2, "create-experiment": 3, "create-run": 4}[route]
+    assert standin.calls() == SUBMIT_CALLS[:failed_at]
+
+
+def test_submit_to_a_multi_user_backend_needs_a_namespace(cli_main):
+    with KfpStandin(multi_user=True) as standin:
+        code, _, line = cli_main("submit", "--host", standin.url, "--image", IMAGE)
+    assert code == 1 and "is a multi-user Kubeflow Pipelines: pass --namespace" in line
+    assert standin.calls() == [f"GET {API}/healthz"]
+
+
+def test_submit_to_a_multi_user_backend_uses_the_namespace(tmp_path):
+    with KfpStandin(multi_user=True) as standin:
+        proc = _submit(standin, tmp_path, "--image", IMAGE, "--namespace", "team-a")
+    assert proc.returncode == 0, proc.stderr
+    assert standin.calls() == SUBMIT_CALLS
+    assert standin.requests[1].query["namespace"] == ["team-a"]
+    assert standin.requests[2].json()["namespace"] == "team-a"
+
+
+def test_submit_to_an_unreachable_host_fails_on_one_line(tmp_path):
+    (port,) = free_ports(1)
+    proc = _cli("submit", "--host", f"http://127.0.0.1:{port}", "--image", IMAGE, "--epochs", "1", home=tmp_path)
+    assert proc.returncode == 1
+    assert _error_line(proc).startswith("pipeline: error: cannot reach Kubeflow Pipelines at http://127.0.0.1:")
+
+
+# ---------------------------------------------------------------- the image
+
+
+def test_compile_without_an_image_is_a_usage_error(tmp_path):
+    out = tmp_path / "p.yaml"
+    proc = _cli("compile", "--out", str(out), home=tmp_path)
+    assert proc.returncode == 2 and not out.exists()
+    assert "no pipeline image: pass --image REF or set $PIPELINE_IMAGE" in _error_line(proc)
+
+
+def test_submit_without_an_image_is_a_usage_error_before_any_request(cli_main):
+    with KfpStandin() as standin:
+        code, _, line = cli_main("submit", "--host", standin.url)
+    assert code == 2 and "no pipeline image: pass --image REF or set $PIPELINE_IMAGE" in line
+    assert standin.requests == []
+
+
+def test_the_placeholder_image_from_the_environment_is_refused(tmp_path):
+    out = tmp_path / "p.yaml"
+    proc = _cli("compile", "--out", str(out), home=tmp_path, PIPELINE_IMAGE=_placeholder())
+    assert proc.returncode == 2 and not out.exists()
+    assert f"{_placeholder()} is the placeholder image" in _error_line(proc)
+
+
+@pytest.mark.parametrize("command", ["compile", "submit"])
+@pytest.mark.parametrize("tag", ["same", "other"])
+def test_the_placeholder_image_is_refused(cli_main, tmp_path, command, tag):
+    placeholder = _placeholder() if tag == "same" else _placeholder().rsplit(":", 1)[0] + ":9.9"
+    out = tmp_path / "p.yaml"
+    with KfpStandin() as standin:
+        argv = ["--out", str(out)] if command == "compile" else ["--host", standin.url]
+        code, _, line = cli_main(command, *argv, "--image", placeholder)
+    assert code == 2 and "is the placeholder image" in line
+    assert not out.exists() and standin.requests == []
+
+
+def test_compile_pins_a_pushed_image_by_digest(tmp_path):
+    repo = IMAGE.rsplit(":", 1)[0]
+    record = tmp_path / "images.json"
+    record.write_text(json.dumps({"engine": "podman", "pipeline": {
+        "ref": f"{repo}:h-0123456789ab", "tags": ["h-0123456789ab", "1.2.3"], "id": "f" * 64, "digest": DIGEST,
+        "size_bytes": 1}, "serving": {"ref": "x/serving:h-1", "tags": ["h-1"], "digest": None}}))
+    out = tmp_path / "p.yaml"
+    proc = _cli("compile", "--out", str(out), home=tmp_path, PIPELINE_IMAGE=IMAGE, IMAGES_JSON=str(record))
+    assert proc.returncode == 0, proc.stderr
+    pinned = f"{IMAGE}@{DIGEST}"
+    assert _executor_images(next(yaml.safe_load_all(out.read_text()))) == {pinned}
+    assert f"image: {pinned} (pinned to the digest {record} records for {IMAGE})" in proc.stdout
+    assert _placeholder().split(":")[0] not in out.read_text()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp.yaml")]
+
+
+def test_compile_in_process_names_the_image_even_after_components_were_imported(tmp_path, monkeypatch, capsys):
+    """pipeline.components reads $PIPELINE_IMAGE once, at import; a later compile still names the chosen
+    image in every executor (the package is rewritten and checked)."""
+    import pipeline.components  # noqa: F401  (imported now, with whatever $PIPELINE_IMAGE is)
+    from pipeline.cli import main
+
+    monkeypatch.setenv(images.IMAGE_ENV, "")
+    monkeypatch.setenv(images.IMAGES_JSON_ENV, str(tmp_path / "none.json"))
+    chosen = f"registry.example.com/other/pipeline:7@{DIGEST}"
+    out = tmp_path / "p.yaml"
+    assert main(["compile", "--out", str(out), "--image", chosen]) == 0
+    assert _executor_images(next(yaml.safe_load_all(out.read_text()))) == {chosen}
+    assert f"image: {chosen} (pinned by digest as given)" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- images.resolve
+
+
+def _record(tmp_path: Path, digest: str | None = DIGEST, tags=("h-abc", "0.1.0")) -> Path:
+    path = tmp_path / "images.json"
+    path.write_text(json.dumps({"pipeline": {"ref": "reg.example.com/ml/p:h-abc", "tags": list(tags),
+                                             "digest": digest}}))
+    return path
+
+
+@pytest.mark.parametrize("given, ref, how", [
+    ("reg.example.com/ml/p:0.1.0", f"reg.example.com/ml/p:0.1.0@{DIGEST}", "pinned to the digest"),
+    ("reg.example.com/ml/p:h-abc", f"reg.example.com/ml/p:h-abc@{DIGEST}", "pinned to the digest"),
+    ("reg.example.com/ml/p:0.2.0", "reg.example.com/ml/p:0.2.0", "not pinned"),
+    ("other.example.com/ml/p:0.1.0", "other.example.com/ml/p:0.1.0", "not pinned"),
+    (f"reg.example.com/ml/p@{'sha256:' + '0' * 64}", f"reg.example.com/ml/p@{'sha256:' + '0' * 64}", "as given"),
+    ("reg.example.com/ml/p", "reg.example.com/ml/p", ":latest"),
+])
+def test_resolve_pins_only_what_images_json_pushed(tmp_path, given, ref, how):
+    resolved = images.resolve(given, _record(tmp_path))
+    assert resolved.ref == ref and how in resolved.how
+
+
+def test_resolve_does_not_pin_without_a_pushed_digest(tmp_path):
+    resolved = images.resolve("reg.example.com/ml/p:0.1.0", _record(tmp_path, digest=None))
+    assert resolved.ref == "reg.example.com/ml/p:0.1.0" and "no pushed digest" in resolved.how
+    assert images.resolve("reg.example.com/ml/p:0.1.0", tmp_path / "absent.json").ref == "reg.example.com/ml/p:0.1.0"
+
+
+@pytest.mark.parametrize("given, message", [
+    (None, "no pipeline image"), ("  ", "no pipeline image"),
+    ("Registry.example.com/ML/p:1", "not a valid reference"), ("reg.example.com/p:bad tag", "not a valid reference"),
+    ("reg.example.com/p@sha256:abc", "64 lowercase hex"),
+])
+def test_resolve_refuses_unusable_references(tmp_path, given, message):
+    with pytest.raises(images.ImageError, match=message):
+        images.resolve(given, tmp_path / "absent.json")
+
+
+def test_resolve_refuses_a_broken_images_json(tmp_path):
+    broken = tmp_path / "images.json"
+    broken.write_text("{not json")
+    with pytest.raises(images.ImageError, match="cannot read"):
+        images.resolve("reg.example.com/ml/p:1", broken)
+
+
+def test_parse_ref_splits_registry_port_tag_and_digest():
+    assert images.parse_ref("localhost:5000/a/b:1") == images.ImageRef("localhost:5000/a/b", "1")
+    assert images.parse_ref("localhost:5000/a/b") == images.ImageRef("localhost:5000/a/b")
+    assert images.parse_ref(f"r.io/a:t@{DIGEST}") == images.ImageRef("r.io/a", "t", DIGEST)
+    assert str(images.parse_ref(f"r.io/a:t@{DIGEST}")) == f"r.io/a:t@{DIGEST}"
+
+
+def test_submit_refuses_the_local_deploy_target():
+    """deploy_target=local would serve from inside a task's pod, which dies with the task."""
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "submit", "--host", "http://127.0.0.1:9", "--image",
+                           "registry.example.com/ml/mnist-embedding-pipeline:1.0", "--deploy-target", "local"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "pipeline: error: deploy_target=local starts TorchServe inside a task's pod, which ends with the task: use "
+        "it with run-local; on a cluster use --deploy-target kserve"]
