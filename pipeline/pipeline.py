@@ -14,6 +14,16 @@ from .params import STORAGE_SECRET_ENV, STORAGE_SECRET_MOUNT
 PIPELINE_NAME = "mnist-embedding"
 
 
+def _deploy_kserve(storage_secret, **inputs) -> dsl.PipelineTask:
+    """The deploy-kserve task with its storage credentials from a Kubernetes Secret (all keys optional), so
+    nothing secret is ever a pipeline parameter."""
+    task = deploy_kserve(**inputs).set_caching_options(False)
+    kubernetes.use_secret_as_env(task, secret_name=storage_secret, optional=True,
+                                 secret_key_to_env={key: key for key in STORAGE_SECRET_ENV})
+    kubernetes.use_secret_as_volume(task, secret_name=storage_secret, mount_path=STORAGE_SECRET_MOUNT, optional=True)
+    return task
+
+
 @dsl.pipeline(name=PIPELINE_NAME, description="Train an MNIST embedding model and FAISS gallery, archive it "
               "for TorchServe, and deploy it when it beats the quality gate.")
 def mnist_embedding_pipeline(
@@ -63,22 +73,14 @@ def mnist_embedding_pipeline(
                                          allow_unknown_current=allow_unknown_current)
             gate.set_caching_options(False)
             with dsl.If(gate.outputs["Output"] == "deploy", name="no-regression"):
-                def deploy():  # one task per storage kind: only a pvc:// deploy mounts a claim
-                    task = deploy_kserve(mar=mar, model_name=model_name, model_version=model_version,
-                                         storage_uri=kserve_storage_uri, model_uri=kserve_model_uri,
-                                         namespace=kserve_namespace, service_name=kserve_service_name,
-                                         protocol=kserve_protocol, runtime=kserve_runtime,
-                                         service_account=kserve_service_account, api_key_secret=kserve_api_key_secret,
-                                         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, dry_run=kserve_dry_run)
-                    task.set_caching_options(False)
-                    # Storage credentials only from the Secret, never as parameters (all keys optional).
-                    kubernetes.use_secret_as_env(task, secret_name=storage_secret, optional=True,
-                                                 secret_key_to_env={key: key for key in STORAGE_SECRET_ENV})
-                    kubernetes.use_secret_as_volume(task, secret_name=storage_secret, mount_path=STORAGE_SECRET_MOUNT,
-                                                    optional=True)
-                    return task
-
+                inputs = dict(mar=mar, model_name=model_name, model_version=model_version,
+                              storage_uri=kserve_storage_uri, model_uri=kserve_model_uri, namespace=kserve_namespace,
+                              service_name=kserve_service_name, protocol=kserve_protocol, runtime=kserve_runtime,
+                              service_account=kserve_service_account, api_key_secret=kserve_api_key_secret,
+                              run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, dry_run=kserve_dry_run)
+                # One task per storage kind: only a pvc:// deploy mounts a claim.
                 with dsl.If(kserve_pvc_claim == "", name="object-storage"):
-                    deploy()
+                    _deploy_kserve(storage_secret, **inputs)
                 with dsl.Else(name="pvc-storage"):
-                    kubernetes.mount_pvc(deploy(), pvc_name=kserve_pvc_claim, mount_path=PVC_MOUNT_DEFAULT)
+                    kubernetes.mount_pvc(_deploy_kserve(storage_secret, **inputs), pvc_name=kserve_pvc_claim,
+                                         mount_path=PVC_MOUNT_DEFAULT)
