@@ -122,12 +122,12 @@ class Gateway:
             get("/v2/health/ready", self.ready),
             get("/v2", self.server_metadata),
             get("/v1/models", self.list_models),
-            get("/v1/models/{spec}", self.v1_model),
+            get("/v1/models/{spec}", self.model_ready),
             post("/v1/models/{spec}", self.v1_predict),
             get("/v2/models/{model}", self.v2_metadata),
             get("/v2/models/{model}/versions/{version}", self.v2_metadata),
-            get("/v2/models/{model}/ready", self.v2_ready),
-            get("/v2/models/{model}/versions/{version}/ready", self.v2_ready),
+            get("/v2/models/{model}/ready", self.model_ready),
+            get("/v2/models/{model}/versions/{version}/ready", self.model_ready),
             post("/v2/models/{model}/infer", self.v2_infer),
             post("/v2/models/{model}/versions/{version}/infer", self.v2_infer),
             post("/predictions/{model}", self.passthrough),
@@ -206,17 +206,10 @@ class Gateway:
             return _json(404, {"error": f"model {what} is not served here"})
         return None
 
-    async def v1_model(self, request: web.Request) -> web.Response:
-        model = request.match_info["spec"]
-        missing = self._known(model)
-        if missing:
-            return missing
-        ready = await self._model_ready()
-        return _json(200 if ready else 503, {"name": model, "ready": ready})
-
-    async def v2_ready(self, request: web.Request) -> web.Response:
-        model, version = request.match_info["model"], request.match_info.get("version")
-        missing = self._known(model, version)
+    async def model_ready(self, request: web.Request) -> web.Response:
+        """KServe v1 `GET /v1/models/<m>` and v2 `GET /v2/models/<m>[/versions/<v>]/ready`."""
+        model = request.match_info.get("model") or request.match_info["spec"]
+        missing = self._known(model, request.match_info.get("version"))
         if missing:
             return missing
         ready = await self._model_ready()

@@ -10,20 +10,11 @@ import re
 import numpy as np
 import pytest
 from imagegen import png_bytes, user_digit_png
-from test_handler import make_context, run_batch
+from test_handler import loaded, run_batch  # noqa: F401  (loaded is a fixture)
 
-from handler.embedding_handler import EmbeddingHandler
 from handler.protocols import MAX_IMAGES, image_count
 
 ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours", "model_version"}
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_artifacts):
-    context = make_context(tiny_artifacts)
-    handler = EmbeddingHandler()
-    handler.initialize(context)
-    return handler, context
 
 
 @pytest.fixture(scope="module")
