@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -21,7 +22,9 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.kserve import API_KEY_ENV
 from serving.config import REPO
+from serving.server import free_ports
 
 IMAGES_JSON = REPO / "build" / "images.json"
 SERVING_RUNTIME = REPO / "deploy" / "kserve" / "servingruntime.yaml"
@@ -174,3 +177,35 @@ def wait_for_probe(base_url: str, probe: dict, timeout_s: float, container: Cont
             logs = container.logs()[-3000:] if container else ""
             raise AssertionError(f"{path} not 200 after {timeout_s:.0f} s (last {status}):\n{logs}")
         time.sleep(min(period, 1.0))
+
+
+def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str, str, dict]:
+    """Run the serving image as the ServingRuntime + InferenceService describe it; returns (container, url, key, spec)."""
+    models_dir, manifest = mnt_models
+    spec = runtime_container()
+    model = manifest["spec"]["predictor"]["model"]
+    key = secrets.token_hex(16)
+    env = {e["name"]: e["value"] for e in spec.get("env", []) if "value" in e}
+    for entry in model.get("env", []):  # the InferenceService's env, the Secret's value filled in
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+        elif entry.get("valueFrom", {}).get("secretKeyRef"):
+            env[entry["name"]] = key
+    assert env[API_KEY_ENV] == key
+    (port,) = [p["containerPort"] for p in spec["ports"]]
+    (host_port,) = free_ports(1)
+    container = Container.run(images, images["serving"]["ref"], name, spec["command"] + spec["args"], env,
+                              {models_dir: "/mnt/models"}, {host_port: port},
+                              user=spec.get("securityContext", {}).get("runAsUser"))
+    return container, f"http://127.0.0.1:{host_port}", key, spec
+
+
+def post(url: str, body: dict | bytes, key: str | None, content_type: str = "application/json") -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

@@ -8,15 +8,22 @@ settings, exactly as they would to MinIO. It keeps objects in memory and does no
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import time
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
+import yaml
+
+from serving.config import REPO
 from serving.server import free_ports
+
+EXAMPLE_SECRET = REPO / "deploy" / "kserve" / "storage-credentials.example.yaml"
 
 ACCESS_KEY, SECRET_KEY, REGION = "test-access-key", "test-secret-key", "us-east-1"
 
@@ -68,3 +75,26 @@ def storage_initializer_env(secret: dict, endpoint: str) -> dict[str, str]:
     if "serving.kserve.io/s3-useanoncredential" in notes:
         env["awsAnonymousCredential"] = notes["serving.kserve.io/s3-useanoncredential"]
     return {**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "TMPDIR")}, **env}
+
+
+@functools.cache
+def kserve_storage_python() -> str:
+    """The python of the kserve-storage virtual environment (scripts/kserve-storage-venv.sh makes it once)."""
+    result = subprocess.run([str(REPO / "scripts" / "kserve-storage-venv.sh")], capture_output=True, text=True,
+                            timeout=900)
+    if result.returncode != 0:
+        raise AssertionError(f"kserve-storage-venv.sh failed: {result.stderr[-2000:]}")
+    return result.stdout.strip().splitlines()[-1]
+
+
+def kserve_download(uri: str, out: Path, endpoint: str) -> subprocess.CompletedProcess:
+    """What KServe's storage initializer does with storageUri, with the env its credential builder derives from
+    the example S3 Secret, pointed at `endpoint`."""
+    (secret, _) = [d for d in yaml.safe_load_all(EXAMPLE_SECRET.read_text()) if d]
+    code = "import sys; from kserve_storage import Storage; print(Storage.download(sys.argv[1], sys.argv[2]))"
+    return subprocess.run([kserve_storage_python(), "-c", code, uri, str(out)], capture_output=True, text=True,
+                          timeout=120, env=storage_initializer_env(secret, endpoint))
+
+
+def files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())

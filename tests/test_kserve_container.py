@@ -13,22 +13,19 @@ from __future__ import annotations
 
 import base64
 import json
-import secrets
 import subprocess
 import urllib.request
 import uuid
 
 import numpy as np
 import pytest
-from containers import Container, build_images, engine_or_reason, http_get, runtime_container, wait_for_probe
+from containers import build_images, engine_or_reason, http_get, post, start_predictor, wait_for_probe
 from imagegen import png_bytes, user_digit_png
-from s3server import client_env, s3_server, storage_initializer_env
+from s3server import client_env, files, kserve_download, s3_server
 
 from client import BadImageError, EmbeddingClient
 from handler.service import EmbeddingService
-from pipeline.kserve import API_KEY_ENV, KServeTarget, deploy
-from serving.config import REPO
-from serving.server import free_ports
+from pipeline.kserve import KServeTarget, deploy
 
 ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
@@ -55,12 +52,6 @@ def images() -> dict:
 def mnt_models(model_store, tmp_path_factory):
     """/mnt/models as the storage initializer leaves it: published to S3 by the deploy code, read back by
     kserve-storage with the environment KServe derives from the example S3 Secret."""
-    from test_kserve_storage import files, kserve_download
-
-    result = subprocess.run([str(REPO / "scripts" / "kserve-storage-venv.sh")], capture_output=True, text=True,
-                            timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:]
-    storage_python = result.stdout.strip().splitlines()[-1]
     out = tmp_path_factory.mktemp("mnt-models")
     with s3_server() as endpoint, pytest.MonkeyPatch.context() as patch:
         for key, value in client_env(endpoint).items():
@@ -71,32 +62,11 @@ def mnt_models(model_store, tmp_path_factory):
         deployed = deploy(model_store / "embedding.mar", "embedding", "1.0",
                           KServeTarget(namespace="models", storage_uri="s3://models/embedding"), dry_run=True)
         uri = deployed.manifest["spec"]["predictor"]["model"]["storageUri"]
-        download = kserve_download(storage_python, uri, out, endpoint)
+        download = kserve_download(uri, out, endpoint)
     assert download.returncode == 0, download.stderr[-2000:]
     assert files(out) == ["config/config.properties", "model-store/embedding.mar"]
     subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)  # the image runs as uid 10001
     return out, deployed.manifest
-
-
-def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str, str, dict]:
-    """Run the serving image as the ServingRuntime + InferenceService describe it; returns (container, url, key, spec)."""
-    models_dir, manifest = mnt_models
-    spec = runtime_container()
-    model = manifest["spec"]["predictor"]["model"]
-    key = secrets.token_hex(16)
-    env = {e["name"]: e["value"] for e in spec.get("env", []) if "value" in e}
-    for entry in model.get("env", []):  # the InferenceService's env, the Secret's value filled in
-        if "value" in entry:
-            env[entry["name"]] = entry["value"]
-        elif entry.get("valueFrom", {}).get("secretKeyRef"):
-            env[entry["name"]] = key
-    assert env[API_KEY_ENV] == key
-    (port,) = [p["containerPort"] for p in spec["ports"]]
-    (host_port,) = free_ports(1)
-    container = Container.run(images, images["serving"]["ref"], name, spec["command"] + spec["args"], env,
-                              {models_dir: "/mnt/models"}, {host_port: port},
-                              user=spec.get("securityContext", {}).get("runAsUser"))
-    return container, f"http://127.0.0.1:{host_port}", key, spec
 
 
 @pytest.fixture(scope="module")
@@ -122,17 +92,6 @@ def canvases(prepared_sample) -> list[np.ndarray]:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def post(url: str, body: dict | bytes, key: str | None, content_type: str = "application/json") -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {key}"} if key else {})}
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def expected(offline: EmbeddingService, images: list[bytes]) -> list[dict]:

@@ -4,17 +4,12 @@ code, a mounted PVC, and the refusals (local paths for a cluster, missing creden
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
-import yaml
-from s3server import client_env, s3_server, storage_initializer_env
+from s3server import client_env, files, kserve_download, s3_server
 
 from pipeline.kserve import KServeError, KServeTarget, deploy
-from serving.config import REPO
 
-EXAMPLE_SECRET = REPO / "deploy" / "kserve" / "storage-credentials.example.yaml"
 LAYOUT = ["config/config.properties", "model-store/embedding.mar"]
 
 
@@ -28,28 +23,7 @@ def s3():
         yield endpoint
 
 
-@pytest.fixture(scope="module")
-def storage_python() -> str:
-    """The python of the kserve-storage virtual environment (scripts/kserve-storage-venv.sh)."""
-    result = subprocess.run([str(REPO / "scripts" / "kserve-storage-venv.sh")], capture_output=True, text=True,
-                            timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout.strip().splitlines()[-1]
-
-
-def kserve_download(storage_python: str, uri: str, out: Path, endpoint: str) -> subprocess.CompletedProcess:
-    """What KServe's storage initializer does with storageUri, with the env its credential builder sets."""
-    (secret, _) = [d for d in yaml.safe_load_all(EXAMPLE_SECRET.read_text()) if d]
-    code = "import sys; from kserve_storage import Storage; print(Storage.download(sys.argv[1], sys.argv[2]))"
-    return subprocess.run([storage_python, "-c", code, uri, str(out)], capture_output=True, text=True, timeout=120,
-                          env=storage_initializer_env(secret, endpoint))
-
-
-def files(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-
-
-def test_s3_publish_is_read_back_by_kserve_storage(model_store, s3, storage_python, tmp_path, monkeypatch):
+def test_s3_publish_is_read_back_by_kserve_storage(model_store, s3, tmp_path, monkeypatch):
     for key, value in client_env(s3).items():
         monkeypatch.setenv(key, value)
     mar = model_store / "embedding.mar"
@@ -58,7 +32,7 @@ def test_s3_publish_is_read_back_by_kserve_storage(model_store, s3, storage_pyth
     assert uri == "s3://models/embedding/1.0" and result.location == uri
     out = tmp_path / "mnt-models"
     out.mkdir()
-    download = kserve_download(storage_python, uri, out, s3)
+    download = kserve_download(uri, out, s3)
     assert download.returncode == 0, download.stderr[-2000:]
     assert files(out) == LAYOUT
     assert (out / "model-store/embedding.mar").read_bytes() == mar.read_bytes()

@@ -15,8 +15,12 @@ How the tasks are run, and why:
 - Environment: on a cluster the storage credentials come from a Kubernetes Secret (kfp-kubernetes), which
   kfp.local ignores; DockerRunner(environment=...) hands every task the AWS SDK variables instead.
 - User: the image's own (uid 10001, as on a cluster). The pipeline root is bind-mounted at the same path
-  and the tasks create every directory in it, so it is made world-writable, the same thing KFP backends
-  before 2.3 need for /gcs, /minio and /s3.
+  and the tasks create every directory in it, so it is made world-writable (older KFP backends need the
+  same for /gcs, /minio and /s3, which the image provides).
+- Exit status: kfp 2.17.3's DockerRunner removes the container on exit and reads a vanished container as
+  exit 0, so a failed task was reported SUCCESS here (kubeflow/pipelines#13332); RUN_SCRIPT replaces its
+  run_docker_container with one that reads the status before removing the container, and a test checks
+  that a failing task fails the run.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from containers import build_images, engine_or_reason, wait_for_probe
-from s3server import client_env, s3_server
+from containers import build_images, engine_or_reason, post, start_predictor, wait_for_probe
+from s3server import client_env, files, kserve_download, s3_server
 
 from serving.config import REPO
 
@@ -128,15 +132,6 @@ def images() -> dict:
     built = build_images(ENGINE)
     PHASES.timed("build images (both)", started)
     return built
-
-
-@pytest.fixture(scope="module")
-def storage_python() -> str:
-    """The python of the kserve-storage virtual environment (scripts/kserve-storage-venv.sh)."""
-    result = subprocess.run([str(REPO / "scripts" / "kserve-storage-venv.sh")], capture_output=True, text=True,
-                            timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
@@ -271,10 +266,7 @@ def test_archive_and_kserve_publish_to_s3(container_run, s3):
     assert deploy["manifest"].metadata["storage"] == uri and deploy["manifest"].metadata["applied"] is False
 
 
-def test_serving_container_answers_from_the_published_storage(container_run, images, storage_python, tmp_path):
-    from test_kserve_container import post, start_predictor
-    from test_kserve_storage import files, kserve_download
-
+def test_serving_container_answers_from_the_published_storage(container_run, images, tmp_path):
     from serving.samples import write_samples
 
     run = container_run
@@ -283,7 +275,7 @@ def test_serving_container_answers_from_the_published_storage(container_run, ima
     models_dir = tmp_path / "mnt-models"
     models_dir.mkdir()
     started = time.monotonic()
-    download = kserve_download(storage_python, uri, models_dir, run.endpoint)
+    download = kserve_download(uri, models_dir, run.endpoint)
     assert download.returncode == 0, download.stderr[-2000:]
     assert files(models_dir) == ["config/config.properties", "model-store/embedding.mar"]
     subprocess.run(["chmod", "-R", "a+rX", str(tmp_path)], check=True)  # the serving image runs as non-root
