@@ -1,7 +1,8 @@
 """``python -m client``: classify images and manage model versions on TorchServe (or KServe).
 
 Exit codes are listed in :mod:`client.errors` (0 ok, 2 usage, 3 token, 4 model not loaded, 5 image
-refused, 6 timeout, 7 cannot connect, 8 server error, 9 lifecycle operation refused).
+refused, 6 timeout, 7 cannot connect, 8 server error, 9 lifecycle operation refused; ``drift``: 10 drift
+detected, 11 no baseline metrics, 12 too few answered images).
 """
 
 from __future__ import annotations
@@ -104,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--min", type=int, required=True, dest="min_workers")
     sc.add_argument("--max", type=int, required=True, dest="max_workers")
     sc.add_argument("--model-version")
+    dr = sub.add_parser("drift", help="live inputs vs the served model's drift baseline, from /metrics or Prometheus")
+    src = dr.add_mutually_exclusive_group()
+    src.add_argument("--url", help="TorchServe metrics address (default: metrics_address of --config)")
+    src.add_argument("--prometheus", metavar="URL", help="a Prometheus scraping the server (e.g. http://127.0.0.1:9091)")
+    dr.add_argument("--config", type=Path, default=CONFIG_FILE, help="config.properties for the default address")
+    dr.add_argument("--model", default=MODEL_NAME, help=f"model name (default {MODEL_NAME})")
+    dr.add_argument("--interval", type=float, default=0.0,
+                    help="/metrics only: judge the traffic between two scrapes this many seconds apart "
+                         "(default 0: everything since the server started)")
+    dr.add_argument("--window", default="1h", help="Prometheus only: judge the last WINDOW (default 1h)")
+    dr.add_argument("--min-images", type=int, default=50, help="answered images needed to judge (default 50)")
+    dr.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP call")
+    dr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     lc = sub.add_parser("lifecycle-config", help="write a copy of config.properties with enable_model_api=true")
     lc.add_argument("--out", type=Path, required=True)
     lc.add_argument("--base", type=Path, default=CONFIG_FILE)
@@ -179,6 +193,14 @@ def _lifecycle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drift(args: argparse.Namespace) -> int:
+    from .api import default_endpoints
+    from .drift import run
+
+    url = None if args.prometheus else (args.url or default_endpoints(args.config).metrics)
+    return run(url, args.prometheus, args.model, args.timeout, args.interval, args.window, args.min_images, args.json)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -186,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _predict(args)
         if args.command == "ping":
             return _ping(args)
+        if args.command == "drift":
+            return _drift(args)
         if args.command == "lifecycle-config":
             from .lifecycle import write_lifecycle_config
 

@@ -13,6 +13,9 @@ Exit codes of ``python -m client``:
 7    cannot connect (refused, unreachable) after the retries
 8    server error (5xx), or still unavailable (503) after the retries
 9    lifecycle operation refused (model API disabled, version conflict, default version)
+10   ``drift``: live inputs drifted from the served model's baseline
+11   ``drift``: the server (or Prometheus) has no drift-baseline metrics for the model
+12   ``drift``: too few answered images to judge
 ==== =====================================================================================
 """
 
@@ -83,3 +86,15 @@ class LifecycleError(ClientError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class DriftDetected(ClientError):
+    exit_code = 10
+
+
+class NoBaselineError(ClientError):
+    exit_code = 11
+
+
+class TooFewRequestsError(ClientError):
+    exit_code = 12

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from http import HTTPStatus
 
 import torch
@@ -16,9 +17,13 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.artifacts import ArtifactError
 from handler.preprocessing import DEFAULT_MAX_PIXELS
 from handler.protocols import encode, read_row
-from handler.service import EmbeddingService, record_metrics
+from handler.service import EmbeddingService, baseline_values, record_baseline, record_metrics
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between re-emissions of the drift-baseline gauges while serving: after a version swap (or with two
+#: versions loaded) the gauges follow the version that is answering traffic.
+BASELINE_REFRESH_S = 30.0
 
 
 class EmbeddingHandler(BaseHandler):
@@ -43,6 +48,13 @@ class EmbeddingHandler(BaseHandler):
         self.context = context
         self.initialized = True
         meta = self.service.metadata
+        self._baseline = baseline_values(meta)
+        self._baseline_sent = float("-inf")
+        if not self._baseline:
+            logger.warning("%s: metadata.json has no drift baseline (artifacts from an older training run): "
+                           "no EmbeddingBaseline* metrics", context.model_name)
+        self._send_baseline(context)
+        self._baseline_sent = float("-inf")  # and again with the first batch, in case the load-time one was lost
         logger.info("loaded %s on %s: gallery %d x %d (%s), k=%d, threshold %.4f, accuracy %.4f, threads %d",
                     context.model_name, device, self.service.searcher.index.ntotal, self.service.searcher.dim,
                     meta["index"]["type"], self.service.searcher.k, meta["threshold"],
@@ -92,7 +104,17 @@ class EmbeddingHandler(BaseHandler):
                     1e3 * timings.embed, 1e3 * timings.search, len(answers), os.getpid(), ids)
         if context.metrics is not None:
             record_metrics(context.metrics, len(answers), timings)
+            if time.monotonic() - self._baseline_sent >= BASELINE_REFRESH_S:
+                self._send_baseline(context)
         return self.postprocess((requests, answers, timings))
+
+    def _send_baseline(self, context) -> None:
+        if self._baseline and getattr(context, "metrics", None) is not None:
+            try:
+                record_baseline(context.metrics, context.model_name, self._baseline)
+            except Exception:  # metrics must never take the model down
+                logger.exception("could not emit the drift-baseline metrics")
+        self._baseline_sent = time.monotonic()
 
     def _is_grpc(self, idx: int) -> bool:
         """gRPC requests reach the worker without HTTP headers (no Host)."""

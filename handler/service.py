@@ -32,8 +32,21 @@ class BatchTimings:
 
 
 #: Custom metrics the handler emits per batch (on the Prometheus endpoint with model_metrics_auto_detect).
+#: EmbeddingAnsweredImages and EmbeddingTop1DistanceSum are counters: rate(sum) / rate(answered) is the exact
+#: mean top-1 distance over a window, and rate(unknown) / rate(answered) the unknown-answer ratio.
 METRIC_NAMES = ("EmbeddingPreprocessMs", "EmbeddingInferenceMs", "EmbeddingSearchMs", "EmbeddingBatchSize",
-                "EmbeddingTop1Distance", "EmbeddingUnknownAnswers", "EmbeddingRejectedInputs")
+                "EmbeddingTop1Distance", "EmbeddingUnknownAnswers", "EmbeddingRejectedInputs",
+                "EmbeddingAnsweredImages", "EmbeddingTop1DistanceSum")
+
+#: The drift baseline of the loaded model (metadata.json "drift_baseline"), exposed as gauges so alerts
+#: compare live traffic with the model being served; absent for artifacts trained before it existed.
+BASELINE_METRICS = {
+    "EmbeddingBaselineTop1DistanceMean": ("top1_distance", "mean"),
+    "EmbeddingBaselineTop1DistanceP50": ("top1_distance", "p50"),
+    "EmbeddingBaselineTop1DistanceP90": ("top1_distance", "p90"),
+    "EmbeddingBaselineTop1DistanceP99": ("top1_distance", "p99"),
+    "EmbeddingBaselineUnknownRate": ("unknown_rate", None),
+}
 
 
 def record_metrics(metrics: Any, batch_size: int, timings: BatchTimings) -> None:
@@ -50,6 +63,37 @@ def record_metrics(metrics: Any, batch_size: int, timings: BatchTimings) -> None
                            metric_type=MetricTypes.GAUGE)
     metrics.add_counter("EmbeddingUnknownAnswers", timings.unknown)
     metrics.add_counter("EmbeddingRejectedInputs", timings.rejected)
+    answered = [d for d in timings.top1 if d is not None]
+    metrics.add_counter("EmbeddingAnsweredImages", len(answered))
+    metrics.add_counter("EmbeddingTop1DistanceSum", float(sum(answered)))
+
+
+def baseline_values(metadata: dict) -> dict[str, float]:
+    """{metric name: value} from metadata.json's drift baseline; empty when the artifacts have none (or a
+    malformed one)."""
+    baseline = metadata.get("drift_baseline")
+    if not isinstance(baseline, dict):
+        return {}
+    values = {}
+    for name, (key, sub) in BASELINE_METRICS.items():
+        value = baseline.get(key)
+        if sub is not None:
+            value = value.get(sub) if isinstance(value, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
+            values[name] = float(value)
+    return values if len(values) == len(BASELINE_METRICS) else {}  # all or nothing: alerts need every figure
+
+
+def record_baseline(metrics: Any, model_name: str, values: dict[str, float]) -> None:
+    """Set the baseline gauges. Explicit ModelName/Level dimensions: outside a batch (at initialize)
+    TorchServe's cache would otherwise label them Level=Error without ModelName."""
+    from ts.metrics.dimension import Dimension
+    from ts.metrics.metric_type_enum import MetricTypes
+
+    for name, value in values.items():
+        metrics.add_metric(name, value, "distance" if "Distance" in name else "ratio",
+                           dimensions=[Dimension("ModelName", model_name), Dimension("Level", "Model")],
+                           metric_type=MetricTypes.GAUGE)
 
 
 def error_answer(exc: RequestError | InvalidImageError) -> dict[str, Any]:

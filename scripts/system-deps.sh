@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # System packages the test suite uses beyond Java 17: wrk (the benchmark's HTTP load generator) and
 # podman, buildah, runc, mmdebstrap, uidmap (scripts/build-images.sh builds and runs the images without
-# a Docker daemon or registry). RabbitMQ is installed on demand by scripts/rabbitmq.sh.
+# a Docker daemon or registry), prometheus with promtool (deploy/prometheus/, tests/test_prometheus.py; installed
+# through scripts/prometheus.sh, which keeps Debian's own prometheus service off port 9090). RabbitMQ is
+# installed on demand by scripts/rabbitmq.sh.
 # Installs only what is missing, as root.
 set -euo pipefail
 missing=()
@@ -11,10 +13,18 @@ command -v buildah >/dev/null 2>&1 || missing+=(buildah)
 command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 command -v newuidmap >/dev/null 2>&1 || [ -x /usr/bin/newuidmap ] || missing+=(uidmap)
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${missing[*]}; install with: sudo apt-get install ${missing[*]}" >&2
   exit 1
+fi
+if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+  "$(dirname "$0")/prometheus.sh" install
+  rest=()
+  for pkg in "${missing[@]}"; do [ "$pkg" = prometheus ] || rest+=("$pkg"); done
+  missing=("${rest[@]}")
+  [ ${#missing[@]} -eq 0 ] && exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \

@@ -19,6 +19,24 @@ def calibrate_threshold(top1_distances: np.ndarray, quantile: float = ACCEPT_QUA
     return float(np.quantile(top1_distances, quantile))
 
 
+#: Quantiles of held-out top-1 distances recorded in metadata.json as the drift baseline.
+BASELINE_QUANTILES = (0.5, 0.9, 0.99)
+
+
+def drift_baseline(top1_distances: np.ndarray, threshold: float, split: str = "test") -> dict:
+    """What in-distribution traffic looks like to the served model: the distribution of held-out top-1
+    distances and the share answered "unknown" at the operating threshold. Serving exposes it as metrics
+    (EmbeddingBaseline*) so alerts compare live traffic against the model actually loaded."""
+    d = np.asarray(top1_distances, dtype=np.float64)
+    return {
+        "split": split,
+        "n": int(d.size),
+        "top1_distance": {"mean": float(d.mean()),
+                          **{f"p{round(q * 100)}": float(np.quantile(d, q)) for q in BASELINE_QUANTILES}},
+        "unknown_rate": float(np.mean(d > threshold)),
+    }
+
+
 def synthetic_non_digits(n: int, seed: int = 0) -> np.ndarray:
     """Canvases that are not digits (uniform noise, blobs, stripes): an open-set sanity probe."""
     rng = np.random.default_rng(seed)

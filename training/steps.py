@@ -30,7 +30,7 @@ from handler.artifacts import (
 from handler.search import DEFAULT_K, GallerySearcher
 
 from .data import Dataset, load_dataset
-from .evaluate import calibrate_threshold, evaluate, open_set_rejection, write_plots
+from .evaluate import calibrate_threshold, drift_baseline, evaluate, open_set_rejection, write_plots
 from .export import export_torchscript
 from .index import build_index, default_search_params, recall_at_1, resolve_index_type
 from .train import TrainConfig, embed, train_model
@@ -131,8 +131,10 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
                                           search_params=index_info["search_params"])
     test_emb = embed(model, data.inputs("test"))
     result = evaluate(searcher, test_emb, data.test_y, data.classes)
-    searcher.threshold = calibrate_threshold(result.pop("top1_distances"))
+    top1 = result.pop("top1_distances")
+    searcher.threshold = calibrate_threshold(top1)
     result["threshold"] = searcher.threshold
+    baseline = drift_baseline(top1, searcher.threshold)
     result["open_set_rejection"] = open_set_rejection(searcher, lambda x: embed(model, x))
     log(f"held-out k-NN accuracy {result['accuracy']:.4f}; unknown threshold {searcher.threshold:.4f} "
         f"rejects {result['open_set_rejection']:.1%} of synthetic non-digits")
@@ -150,6 +152,7 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
         "k": k,
         "threshold": searcher.threshold,
         "metrics": {"accuracy": result["accuracy"], "open_set_rejection": result["open_set_rejection"]},
+        "drift_baseline": baseline,
         "training": {key: train_info[key] for key in ("config", "train_seconds", "torchscript_max_abs_diff")},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "faiss": faiss.__version__, "numpy": np.__version__},
