@@ -92,7 +92,9 @@ def decode_request(row: Mapping[str, Any], content_types: Mapping[str, str] | No
         raise RequestError("unsupported request body")
     if isinstance(row.get("data"), str):  # KServe v1/v2 envelopes hand over {"data": "<base64>"}
         return _from_json(row)
-    files = {name: value for name, value in row.items() if isinstance(value, (bytes, bytearray))}
+    # A form's text fields (no filename) arrive as bytes with an empty content type: they are never the image.
+    files = {name: value for name, value in row.items()
+             if isinstance(value, (bytes, bytearray)) and content_types.get(name) != ""}
     for name in FORM_FIELDS:
         if name in files:
             return _non_empty(bytes(files[name]), name)

@@ -323,34 +323,51 @@ def test_interrupted_training_leaves_the_previous_artifacts_intact(tiny_artifact
             assert "training: interrupted; previous artifacts left untouched" in stderr
 
 
-KILL_BETWEEN_RENAMES = """
+KILL_DURING_PUBLISH = """
 import os, signal, sys
 from pathlib import Path
-from training.build import staged_directory
-real, calls = os.replace, []
-def replace(src, dst):
-    real(src, dst)
-    calls.append(dst)
-    if len(calls) == 1:
+from training import build
+when = sys.argv[2]
+real_exchange, real_replace, renames = build._exchange, os.replace, []
+def exchange(a, b):
+    if when == "before-exchange":
         os.kill(os.getpid(), signal.SIGKILL)
+    if when == "no-exchange":
+        raise OSError(38, "renameat2 is not available")
+    real_exchange(a, b)
+    if when == "after-exchange":
+        os.kill(os.getpid(), signal.SIGKILL)
+def replace(src, dst):
+    real_replace(src, dst)
+    renames.append(dst)
+    if len(renames) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+build._exchange = exchange
 os.replace = replace
-with staged_directory(Path(sys.argv[1])) as staging:
+with build.staged_directory(Path(sys.argv[1])) as staging:
     (staging / "model.pt").write_text("new")
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "training/build.py staged_directory publishes with two renames (out -> .previous, staging -> out); a SIGKILL "
-    "between them leaves no `out` at all (the old directory sits in .out.previous-*). Fix: publish atomically, e.g. "
-    "`out` as a symlink to a versioned directory replaced with one os.replace of a new symlink, or "
-    "renameat2(RENAME_EXCHANGE), and have readers/next runs restore .previous-* when `out` is missing"))
-def test_sigkill_between_the_two_publishing_renames_keeps_an_artifacts_dir(tmp_path):
+@pytest.mark.parametrize("when, expected", [("before-exchange", "old"), ("after-exchange", "new"),
+                                            ("no-exchange", "old")])
+def test_sigkill_while_publishing_always_leaves_a_complete_artifacts_dir(tmp_path, when, expected):
+    """Killed just before or after the atomic exchange: one complete build is in place. Where the exchange is
+    unavailable and the fallback's two renames are cut in half, the next build restores the previous one."""
+    from training.build import staged_directory
+
     out = tmp_path / "artifacts"
     out.mkdir()
     (out / "model.pt").write_text("old")
-    result = subprocess.run([sys.executable, "-c", KILL_BETWEEN_RENAMES, str(out)], env=ENV, cwd=REPO, timeout=120)
+    result = subprocess.run([sys.executable, "-c", KILL_DURING_PUBLISH, str(out), when], env=ENV, cwd=REPO,
+                            timeout=120)
     assert result.returncode == -signal.SIGKILL
-    assert (out / "model.pt").read_text() in ("old", "new")
+    if when == "no-exchange":
+        assert not out.exists()  # cut between the two renames
+        with pytest.raises(RuntimeError):
+            with staged_directory(out):  # the next run: restores, then fails itself
+                raise RuntimeError("next build fails")
+    assert (out / "model.pt").read_text() == expected
 
 
 # --- tampered artifacts: TorchServe refuses to load them -----------------------------------------------------

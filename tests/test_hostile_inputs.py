@@ -219,9 +219,6 @@ def test_which_content_types_reach_the_handler(endpoint, good_digits, content_ty
 
 
 @serving
-@pytest.mark.xfail(strict=True, reason="handler bug: TorchServe gives form text fields (no filename) as bytes with an "
-                   "empty content type, and decode_request treats any lone bytes field as the image; it should skip "
-                   "fields whose content type is empty and answer 'form has no image file field'")
 @pytest.mark.parametrize("body,headers", [
     multipart([("note", None, None, b"a seven")]),
     (b"digit=7", {"Content-Type": "application/x-www-form-urlencoded"}),

@@ -135,3 +135,11 @@ def test_kserve_envelope_row_with_base64_string_is_decoded():
     assert decode_request({"data": base64.b64encode(png).decode()}) == png
     with pytest.raises(RequestError, match="base64"):
         decode_request({"data": "%%%"})
+
+
+def test_a_form_text_field_is_never_taken_as_the_image():
+    """TorchServe hands a form's text field (no filename) over as bytes with an empty content type."""
+    with pytest.raises(RequestError, match="form has no image file field"):
+        decode_request({"note": b"a seven"}, {"note": ""})
+    png = b"\x89PNG\r\n\x1a\n..."
+    assert decode_request({"note": b"a seven", "upload": png}, {"note": "", "upload": "image/png"}) == png

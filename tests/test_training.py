@@ -4,6 +4,7 @@ determinism, atomic output and the `python -m training` CLI."""
 from __future__ import annotations
 
 import json
+import errno
 import os
 import shutil
 import subprocess
@@ -248,7 +249,23 @@ def test_staged_directory_replaces_output_on_success(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def no_exchange(a, b):
+    raise OSError(errno.ENOSYS, "renameat2 is not available")
+
+
+def test_staged_directory_swaps_in_one_step_where_it_can(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    monkeypatch.setattr("training.build.os.replace", lambda *a: pytest.fail("a rename instead of the exchange"))
+    with staged_directory(out) as staging:
+        (staging / "new.txt").write_text("new")
+    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+    assert leftovers(tmp_path) == []
+
+
 def test_staged_directory_keeps_previous_output_when_interrupted_between_renames(tmp_path, monkeypatch):
+    """The fallback where renameat2 is missing."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("old")
@@ -260,6 +277,7 @@ def test_staged_directory_keeps_previous_output_when_interrupted_between_renames
             raise KeyboardInterrupt
         real_replace(src, dst)
 
+    monkeypatch.setattr("training.build._exchange", no_exchange)
     monkeypatch.setattr("training.build.os.replace", replace_interrupted_on_second_call)
     with pytest.raises(KeyboardInterrupt):
         with staged_directory(out) as staging:

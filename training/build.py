@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import shutil
 import uuid
@@ -17,26 +19,59 @@ from .steps import build_gallery, evaluate_and_finalize, prepare_data, train_and
 from .train import TrainConfig
 
 
+RENAME_EXCHANGE = 2  # linux/fs.h
+AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two directories in one atomic step: Linux renameat2(RENAME_EXCHANGE). OSError where unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except AttributeError:
+        raise OSError(errno.ENOSYS, "renameat2 is not available") from None
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), str(a))
+
+
+def _restore_previous(out: Path) -> None:
+    """A build killed between the fallback's two renames left no `out`: put the previous one back."""
+    if out.exists():
+        return
+    previous = sorted(out.parent.glob(f".{out.name}.previous-*"), key=lambda p: p.stat().st_mtime)
+    if previous:
+        os.replace(previous[-1], out)
+
+
 @contextlib.contextmanager
 def staged_directory(out: Path) -> Iterator[Path]:
     """Yield a hidden sibling directory; on success it replaces `out`, on any failure it is removed.
 
-    An interrupted or failed build therefore never leaves a partial `out`: readers see the previous
-    complete directory or the new complete one.
+    The new directory takes the old one's place in one atomic exchange, so a reader, or a kill at any
+    moment, sees the previous complete directory or the new one. Where the exchange is not supported
+    it falls back to two renames, and a build killed between them is repaired by the next one.
     """
     out = Path(out).resolve()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is not a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
+    _restore_previous(out)
     token = uuid.uuid4().hex[:8]
     staging = out.parent / f".{out.name}.partial-{token}"
     previous = out.parent / f".{out.name}.previous-{token}"
     staging.mkdir()
     try:
         yield staging
+        if not out.exists():
+            os.replace(staging, out)
+            return
         try:
-            if out.exists():
-                os.replace(out, previous)
+            _exchange(staging, out)  # staging now holds the previous build; removed below
+            return
+        except OSError:
+            pass
+        try:
+            os.replace(out, previous)
             os.replace(staging, out)
         except BaseException:
             if previous.exists() and not out.exists():
