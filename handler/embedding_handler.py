@@ -37,9 +37,13 @@ class EmbeddingHandler(BaseHandler):
             torch.set_num_threads(threads)
         gpu_id = properties.get("gpu_id")
         device = f"cuda:{gpu_id}" if gpu_id is not None and torch.cuda.is_available() else "cpu"
+        if "k" in settings:
+            # k belongs to the trained model (metadata.json): the accuracy training reported is the one served.
+            logger.warning("model-config.yaml handler.k=%s is ignored: k comes from the model's metadata.json",
+                           settings["k"])
         try:
             self.service = EmbeddingService.from_dir(
-                properties["model_dir"], device=device, k=settings.get("k"),
+                properties["model_dir"], device=device,
                 max_pixels=int(settings.get("max_image_pixels", DEFAULT_MAX_PIXELS)),
             )
         except ArtifactError as exc:

@@ -94,12 +94,31 @@ def test_answers_equal_offline_service(loaded, digits, tiny_artifacts):
     assert served == offline
 
 
-def test_k_comes_from_model_config(tiny_artifacts, digits):
-    context = make_context(tiny_artifacts, {"k": 3})
+def test_served_k_is_the_trained_k_and_matches_offline_evaluation(prepared_sample, tmp_path, caplog):
+    """Trained with k=7: the handler serves 7 neighbours (a handler.k in model-config.yaml is ignored) and its
+    searcher reproduces the accuracy training reported."""
+    from handler.preprocessing import normalize
+    from training.steps import build_gallery, evaluate_and_finalize, train_and_export
+    from training.train import TrainConfig
+
+    out = tmp_path / "k7"
+    out.mkdir()
+    train_and_export(prepared_sample, TrainConfig(epochs=1, embedding_dim=16, width=8, seed=0), out, k=7,
+                     log=lambda _: None)
+    build_gallery(prepared_sample, out, log=lambda _: None)
+    metadata = evaluate_and_finalize(prepared_sample, out, k=7, plots=False, log=lambda _: None)
+    context = make_context(out, {"k": 3})
     handler = EmbeddingHandler()
-    handler.initialize(context)
-    answers, _ = run_batch(handler, context, [raw_row(digits[0][0])])
-    assert len(answers[0]["neighbours"]) == 3
+    with caplog.at_level(logging.WARNING):
+        handler.initialize(context)
+    assert "handler.k=3 is ignored" in caplog.text
+    png = user_digit_png(prepared_sample.test_x[0])
+    answers, _ = run_batch(handler, context, [raw_row(png)])
+    assert len(answers[0]["neighbours"]) == 7
+    service = handler.service
+    results = service.searcher.classify(service.embed(normalize(prepared_sample.test_x)))
+    served = np.mean([r["pred"] == str(y) for r, y in zip(results, prepared_sample.test_y)])
+    assert served == pytest.approx(metadata["metrics"]["accuracy"], abs=1e-9)
 
 
 def test_pixel_limit_from_model_config_gives_413(tiny_artifacts, digits):
