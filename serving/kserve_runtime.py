@@ -51,6 +51,8 @@ DEFAULT_PORT = 8080
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: How long TorchServe gets to finish in-flight work after SIGTERM before it is killed.
 GRACE_S = 20.0
+#: How long processes of TorchServe's group may outlive its launcher after shutdown before they are killed.
+LEFTOVER_S = 2.0
 #: Readiness answers are reused this long, so probes and clients don't each ask the management API.
 READY_CACHE_S = 1.0
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
@@ -302,25 +304,38 @@ async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: in
 
 
 def _stop_group(server: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM TorchServe's process group (launcher and Java), SIGKILL what is left after the grace period."""
+    """SIGTERM TorchServe's process group (launcher, Java, workers), SIGKILL what is left after the grace period.
+
+    Java may restart a worker that the first SIGTERM stopped before Java itself exits; that late worker never
+    got the signal. So once the launcher is gone, what remains of the group gets SIGTERM again and, after
+    LEFTOVER_S, SIGKILL, instead of holding the pod for the whole grace period.
+    """
     group = server.pid  # started as a session leader
-    try:
-        os.killpg(group, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    _signal_group(group, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
+    launcher_gone = None
     while time.monotonic() < deadline:
         _reap()
-        try:
-            os.killpg(group, 0)
-        except ProcessLookupError:
+        if not _signal_group(group, 0):
             return
-        time.sleep(0.2)
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        if server.poll() is not None:
+            if launcher_gone is None:
+                launcher_gone = time.monotonic()
+                _signal_group(group, signal.SIGTERM)
+            elif time.monotonic() - launcher_gone > LEFTOVER_S:
+                break
+        time.sleep(0.1)
+    _signal_group(group, signal.SIGKILL)
     _reap()
+
+
+def _signal_group(group: int, sig: int) -> bool:
+    """Send `sig` to the process group; False when no process of it is left."""
+    try:
+        os.killpg(group, sig)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _reap() -> None:

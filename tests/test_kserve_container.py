@@ -220,6 +220,7 @@ def test_sigterm_stops_the_container_cleanly(images, mnt_models):
         seconds = container.stop(timeout_s=30)
         status, code = container.state()
         assert (status, code) == ("exited", 0), container.logs()[-2000:]
-        assert seconds < 25, f"took {seconds:.1f} s: SIGTERM was not forwarded"
+        # Well inside the runtime's 20 s grace: TorchServe stopped, nothing of its process group lingered.
+        assert seconds < 10, f"took {seconds:.1f} s to stop"
     finally:
         container.remove()

@@ -310,3 +310,13 @@ def test_a_task_failing_in_its_container_fails_the_run(images, docker_host, tmp_
     assert result.returncode != 0, log[-3000:]
     assert "Task 'load-data' finished with status FAILURE" in log, log[-3000:]
     assert '"exit": 1' in log and "no-such-source" in log
+
+
+def test_no_storage_secret_reaches_the_logs_or_the_outputs(container_run):
+    """The deploy task had the storage credentials in its environment (as a Secret would give them); neither
+    the run's log nor any artifact it wrote contains them."""
+    secret = client_env(container_run.endpoint)["AWS_SECRET_ACCESS_KEY"]
+    assert secret not in container_run.log
+    for path in container_run.run_dir.rglob("*"):
+        if path.is_file() and path.stat().st_size < 5_000_000:
+            assert secret.encode() not in path.read_bytes(), path
