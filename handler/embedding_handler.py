@@ -128,6 +128,8 @@ class EmbeddingHandler(BaseHandler):
         types: dict[str, str] = {}
         if idx >= len(self.context.request_ids or {}):  # an envelope's extra instance: no headers of its own
             return types
+        if self._is_grpc(idx):  # gRPC inputs carry no per-field content types (empty is not "a text field")
+            return types
         for name in row:
             header = self.context.get_request_header(idx, name)
             if isinstance(header, dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -69,14 +70,21 @@ def make_instance(workdir: Path, **overrides: str):
     return private_instance(workdir, **overrides)
 
 
-@pytest.fixture(scope="session")
-def torchserve(tmp_path_factory, model_store):
-    """A real TorchServe serving the tiny archive; stopped at the end of the session, even on failure."""
+@contextlib.contextmanager
+def running_instance(workdir: Path, store: Path, **overrides: str):
+    """A private TorchServe (make_instance) serving `store`; stopped afterwards, even on failure."""
     from serving.server import start, stop
 
-    instance = make_instance(tmp_path_factory.mktemp("torchserve"))
+    instance = make_instance(workdir, **overrides)
     try:
-        start(instance, model_store, timeout=120)
+        start(instance, store, timeout=120)
         yield instance
     finally:
         stop(instance)
+
+
+@pytest.fixture(scope="session")
+def torchserve(tmp_path_factory, model_store):
+    """A real TorchServe serving the tiny archive; stopped at the end of the session, even on failure."""
+    with running_instance(tmp_path_factory.mktemp("torchserve"), model_store) as instance:
+        yield instance

@@ -356,7 +356,7 @@ CASES: list[Case] = [
            lambda a: multipart([("front", "f.png", "image/png", a.png()), ("back", "b.png", "image/png", a.png())])),
     reject("multipart-boundary-mismatch", 400, "empty request",
            lambda a: typed(a.png(), "multipart/form-data; boundary=x")),
-    reject("form-urlencoded-text-field", 400, "not an image", lambda a: typed(b"digit=7", FORM)),
+    reject("form-urlencoded-text-field", 400, "form has no image file field", lambda a: typed(b"digit=7", FORM)),
     reject("form-urlencoded-bad-escape", 400, "", lambda a: typed(b"data=%zz", FORM),
            frontend_xfail=FORM_URLENCODED_XFAIL),
     # --- legitimate images sent in unusual ways: answered 200 like the offline service ---

@@ -1,8 +1,9 @@
 """Model versions on a real TorchServe: two versions side by side, default switched and rolled back,
 workers scaled, a version unregistered and registered again; and the model API kept off by default.
 
-Version 2.0 is the same model built with ``k: 3`` and one worker, so its answers carry 3 neighbours
-instead of 5: the answers themselves show which version served them.
+Version 2.0 is the same model with ``k = 3`` in its metadata.json (as training with ``-k 3`` writes it) and
+one worker, so its answers carry 3 neighbours instead of 5: the answers themselves show which version
+served them.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from serving.server import Instance, start, stop
 
 pytestmark = pytest.mark.serving
 
-V2_CONFIG = (MODEL_CONFIG_FILE.read_text().replace("minWorkers: 2", "minWorkers: 1")
-             .replace("maxWorkers: 2", "maxWorkers: 1").replace("k: 5", "k: 3"))
+V2_CONFIG = MODEL_CONFIG_FILE.read_text().replace("minWorkers: 2", "minWorkers: 1").replace("maxWorkers: 2",
+                                                                                              "maxWorkers: 1")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,10 @@ def versions_store(tmp_path_factory, tiny_artifacts, model_store) -> Path:
     shutil.copy2(model_store / "embedding.mar", store / "embedding.mar")
     config = root / "model-config-2.0.yaml"
     config.write_text(V2_CONFIG)
-    built = build_mar(tiny_artifacts, root / "build", version="2.0", model_config=config)
+    artifacts = shutil.copytree(tiny_artifacts, root / "artifacts-2.0")
+    metadata = json.loads((artifacts / "metadata.json").read_text())
+    (artifacts / "metadata.json").write_text(json.dumps({**metadata, "k": 3}))
+    built = build_mar(artifacts, root / "build", version="2.0", model_config=config)
     built.replace(store / "embedding-2.0.mar")
     return store
 

@@ -331,16 +331,10 @@ def _wait(predicate, timeout: float, step: float = 0.5):
 @pytest.fixture(scope="module")
 def e2e_instance(tmp_path_factory, model_store):
     """A private TorchServe for this module alone: no traffic from other tests in its counters."""
-    from conftest import make_instance
+    from conftest import running_instance
 
-    from serving.server import start, stop
-
-    instance = make_instance(tmp_path_factory.mktemp("ts-prometheus"))
-    try:
-        start(instance, model_store, timeout=120)
+    with running_instance(tmp_path_factory.mktemp("ts-prometheus"), model_store) as instance:
         yield instance
-    finally:
-        stop(instance)
 
 
 @pytest.fixture(scope="module")

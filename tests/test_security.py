@@ -21,26 +21,22 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import make_instance
+from conftest import running_instance
 from hostile import OCTET, png_claiming, post, post_oversized
 from imagegen import user_digit_png
 from PIL import Image
 
 from handler.preprocessing import InvalidImageError, decode_image
 from serving.config import CONFIG_FILE, MODEL_CONFIG_FILE, REPO, read_properties
-from serving.server import start, stop
 
 TOKEN_EXPIRATION_MIN = 7  # not the default 60: proves the setting is honoured
 
 
 @pytest.fixture(scope="module")
 def server(model_store, tmp_path_factory):
-    instance = make_instance(tmp_path_factory.mktemp("security-ts"), token_expiration_min=str(TOKEN_EXPIRATION_MIN))
-    try:
-        start(instance, model_store, timeout=120)
+    with running_instance(tmp_path_factory.mktemp("security-ts"), model_store,
+                          token_expiration_min=str(TOKEN_EXPIRATION_MIN)) as instance:
         yield instance
-    finally:
-        stop(instance)
 
 
 @pytest.fixture(scope="module")
