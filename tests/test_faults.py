@@ -206,7 +206,11 @@ def test_worker_killed_under_load_is_replaced_and_only_in_flight_requests_fail(f
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         recovery = wait_for_workers(instance, 2, gone=frozenset({victim}), timeout=90)
-        time.sleep(1.5)
+        # Keep the load on until requests sent after the recovery have come back (a loaded 2-core machine can
+        # take more than a second for the first ones), at most 20 s.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and sum(r.sent > killed_at + recovery for r in results) < 2 * CONCURRENCY:
+            time.sleep(0.1)
     finally:
         stopping.set()
         for thread in threads:

@@ -178,7 +178,8 @@ def test_protocol_body_sent_as_json_bytes_is_read_too(loaded, canvases):
     png = user_digit_png(canvases[8])
     raw = json.dumps({"instances": [{"data": b64(png)}]}).encode()
     answers, statuses = run_batch(handler, context, [{"body": bytearray(raw)}],
-                                  headers=[{"body": {"content-type": "application/json; charset=utf-8"}}])
+                                  headers=[{"Host": "127.0.0.1:8080",
+                                            "body": {"content-type": "application/json; charset=utf-8"}}])
     assert statuses == [200] and answers[0]["predictions"] == [plain_answer(loaded, png)]
 
 
