@@ -206,9 +206,10 @@ def test_worker_killed_under_load_is_replaced_and_only_in_flight_requests_fail(f
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         recovery = wait_for_workers(instance, 2, gone=frozenset({victim}), timeout=90)
-        # Keep the load on until requests sent after the recovery have come back (a loaded 2-core machine can
-        # take more than a second for the first ones), at most 20 s.
-        deadline = time.monotonic() + 20
+        # Keep the load on until requests sent after the recovery have come back. Bounded by more than the
+        # clients' 30 s timeout: TorchServe 0.12 never answers the requests a worker had pulled into a batch it
+        # was still assembling when it died, so those clients wait out their timeout (SECURITY.md, known issues).
+        deadline = time.monotonic() + 45
         while time.monotonic() < deadline and sum(r.sent > killed_at + recovery for r in results) < 2 * CONCURRENCY:
             time.sleep(0.1)
     finally:
