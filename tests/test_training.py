@@ -288,6 +288,22 @@ def test_staged_directory_keeps_previous_output_when_interrupted_between_renames
     assert leftovers(tmp_path) == []
 
 
+def test_staged_directory_removes_what_killed_builds_left_and_nothing_else(tmp_path):
+    out = tmp_path / "artifacts"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    abandoned = tmp_path / f".artifacts.partial-{dead.pid}-0badcafe"
+    running = tmp_path / f".artifacts.partial-{os.getpid()}-0badcafe"  # a build still running here
+    for d in (abandoned, running):
+        (d / "sub").mkdir(parents=True)
+        (d / "sub" / "model.pt").write_bytes(b"x")
+    with staged_directory(out) as staging:
+        (staging / "model.pt").write_bytes(b"new")
+    assert not abandoned.exists() and running.exists()
+    assert (out / "model.pt").read_bytes() == b"new"
+
+
 def test_staged_directory_creates_missing_output(tmp_path):
     out = tmp_path / "nested" / "out"
     with staged_directory(out) as staging:
@@ -303,6 +319,37 @@ def run_cli(*args: str, threads_env: str = "1") -> subprocess.CompletedProcess:
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "error:" in line]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_cli_ctrl_c_says_truthfully_whether_the_new_build_was_published(tmp_path, monkeypatch, capsys, when):
+    """Ctrl-C in the last moments of a build may land after the atomic swap: the message must say which."""
+    import signal
+
+    import training.__main__ as cli
+    import training.build as build
+
+    out = tmp_path / "artifacts"
+    out.mkdir()
+    (out / "model.pt").write_bytes(b"old")
+
+    def build_then_interrupt(source, out, *args, **kwargs):
+        if when == "before":
+            raise KeyboardInterrupt
+        with staged_directory(out) as staging:
+            (staging / "model.pt").write_bytes(b"new")
+        raise KeyboardInterrupt  # Ctrl-C right after the swap, while the old copy is being removed
+
+    monkeypatch.setattr(build, "build_artifacts", build_then_interrupt)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the CLI's own handler change stays out of pytest
+    assert cli.main(["--data", "sample", "--out", str(out), "--no-plots"]) == 130
+    err = capsys.readouterr().err
+    if when == "before":
+        assert "previous artifacts left untouched" in err and (out / "model.pt").read_bytes() == b"old"
+    else:
+        assert f"interrupted after the new artifacts were published to {out}/" in err
+        assert (out / "model.pt").read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifacts"]
 
 
 @pytest.mark.parametrize(("args", "option"), [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -53,6 +54,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _identity(out: Path) -> tuple[int, int] | None:
+    """The output directory's (device, inode): publishing swaps in a new directory, so this changes."""
+    try:
+        st = os.stat(out)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from .build import build_artifacts
@@ -62,14 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     config = TrainConfig(epochs=args.epochs, embedding_dim=args.embedding_dim, width=args.width,
                          batch_size=args.batch_size,
                          lr=args.lr, seed=args.seed)
+    before = _identity(args.out)
     try:
         metadata = build_artifacts(args.data, args.out, config, args.index, args.k, args.cache_dir,
                                    args.threads, not args.no_plots, log=lambda line: print(line, flush=True))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # published: too late to interrupt, finish and report
     except (DataError, ExportError, ValueError, OSError) as exc:
         print(f"training: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("training: interrupted; previous artifacts left untouched", file=sys.stderr)
+        if _identity(args.out) != before:  # Ctrl-C came after the atomic swap: the new build is whole and in place
+            print(f"training: interrupted after the new artifacts were published to {args.out}/", file=sys.stderr)
+        else:
+            print("training: interrupted; previous artifacts left untouched", file=sys.stderr)
         return 130
     m = metadata["metrics"]
     print(f"wrote {args.out}/: accuracy {m['accuracy']:.4f}, open-set rejection {m['open_set_rejection']:.3f}, "

@@ -43,6 +43,33 @@ def _restore_previous(out: Path) -> None:
         os.replace(previous[-1], out)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_abandoned(out: Path) -> None:
+    """Remove staging directories left by killed builds (named after their process, which is gone)."""
+    for stale in out.parent.glob(f".{out.name}.partial-*"):
+        owner = stale.name.rsplit(".partial-", 1)[1].split("-", 1)[0]
+        if owner.isdigit() and not _pid_alive(int(owner)):
+            _remove_tree(stale)
+
+
+def _remove_tree(path: Path) -> None:
+    """rmtree that finishes even when Ctrl-C arrives during it, so no half-deleted directory is left."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except KeyboardInterrupt:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 @contextlib.contextmanager
 def staged_directory(out: Path) -> Iterator[Path]:
     """Yield a hidden sibling directory; on success it replaces `out`, on any failure it is removed.
@@ -56,7 +83,8 @@ def staged_directory(out: Path) -> Iterator[Path]:
         raise NotADirectoryError(f"{out}: exists and is not a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     _restore_previous(out)
-    token = uuid.uuid4().hex[:8]
+    _remove_abandoned(out)
+    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging = out.parent / f".{out.name}.partial-{token}"
     previous = out.parent / f".{out.name}.previous-{token}"
     staging.mkdir()
@@ -77,9 +105,9 @@ def staged_directory(out: Path) -> Iterator[Path]:
             if previous.exists() and not out.exists():
                 os.replace(previous, out)  # interrupted between the two renames: put the old one back
             raise
-        shutil.rmtree(previous, ignore_errors=True)
+        _remove_tree(previous)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_tree(staging)
 
 
 def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str = "auto",
