@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.archive import ArchiveError
-from serving.config import DEFAULT_ARTIFACTS
+from settings import DEFAULT_ARTIFACTS, cache_root
 from serving.server import ServerError, free_ports
 
 from . import ceiling, coldstart, env, gallery, report
@@ -37,7 +37,7 @@ from .stats import summarize
 from .torchserve import TorchServeProbe, TorchServeRun, configurations, shipped_config
 
 SECTIONS = ("ceiling", "rest", "grpc", "peers", "coldstart", "gallery")
-DEFAULT_CACHE = Path.home() / ".cache" / "mnist-embedding" / "bench"
+DEFAULT_CACHE = cache_root() / "bench"
 QUIET_LOAD = 0.3
 PEER_MODULES = {"litserve": ("litserve", "fastapi", "uvicorn"), "fastapi": ("fastapi", "uvicorn")}
 

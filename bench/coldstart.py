@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from serving.config import MODEL_NAME, REPO
+from settings import MODEL_NAME, REPO
 
 from .stats import mid, summarize
 

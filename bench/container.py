@@ -44,7 +44,7 @@ import yaml
 
 from pipeline.kserve import API_KEY_ENV, INFERENCE_PORT, METRICS_PORT, stage_layout
 from serving.archive import build_mar
-from serving.config import DEFAULT_ARTIFACTS, REPO
+from settings import DEFAULT_ARTIFACTS, MODEL_NAME, MODEL_VERSION, REPO
 from serving.server import free_ports
 
 from . import env
@@ -55,7 +55,7 @@ from .procs import ProcessTree, stop_group
 from .series import aggregate, sweep
 from .stats import fmt, median, summarize
 
-MODEL, VERSION = "embedding", "1.0"
+MODEL, VERSION = MODEL_NAME, MODEL_VERSION
 RUNTIME_YAML = REPO / "deploy" / "kserve" / "servingruntime.yaml"
 IMAGES_JSON = REPO / "build" / "images.json"
 #: Host ports the staged config.properties binds (TorchServe's gRPC ports are its defaults).

@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
+from settings import MODEL_NAME
+
 MB = 1024 * 1024
 
 
@@ -265,7 +267,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     target.add_argument("--url", help="inference address of a running TorchServe, e.g. http://127.0.0.1:8080")
     target.add_argument("--model-store", type=Path, help="start a TorchServe of our own from this model store")
     p.add_argument("--key-file", type=Path, help="key_file.json of the running TorchServe (token authorization)")
-    p.add_argument("--model", default="embedding")
+    p.add_argument("--model", default=MODEL_NAME)
     p.add_argument("--pid", type=int, help="frontend pid (default: the process listening on the URL's port)")
     p.add_argument("--concurrency", type=int, default=16, help="client threads")
     p.add_argument("--window-s", type=float, default=10.0)

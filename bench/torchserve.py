@@ -36,7 +36,7 @@ import psutil
 import yaml
 
 from serving.archive import build_mar
-from serving.config import MODEL_CONFIG_FILE
+from settings import MODEL_CONFIG_FILE
 from serving.server import Instance, private_instance, start, stop
 from training.index import INDEX_TYPES, resolve_index_type
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from serving.config import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME
+from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME
 
 from . import tokens
 from .errors import BadImageError, ClientError, UsageError

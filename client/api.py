@@ -6,7 +6,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from serving.config import CONFIG_FILE, MODEL_NAME, Endpoints, read_properties
+from settings import CONFIG_FILE, MODEL_NAME, Endpoints, read_properties
 
 from .errors import BadImageError, ClientError, UsageError
 from .retry import RetryPolicy

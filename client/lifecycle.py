@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from serving.config import CONFIG_FILE, MODEL_NAME, read_properties, write_properties
+from settings import CONFIG_FILE, MODEL_NAME, read_properties, write_properties
 
 from .errors import BadImageError, ClientError, LifecycleError, ServerError, UsageError
 from .rest import Http, classify, is_loopback, parse_body

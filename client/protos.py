@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import settings
+
 #: Package name the stubs are generated under: unique, so it cannot shadow proto-plus's ``proto``.
 PACKAGE = "ts_grpc_stubs"
 PROTOS = ("inference", "management")
@@ -61,8 +63,7 @@ def torchserve_jar() -> Path:
 def cache_root() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mnist-embedding" / "grpc"
+    return settings.cache_root() / "grpc"
 
 
 def cache_dir() -> Path:

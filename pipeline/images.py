@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.config import REPO
+from settings import REPO
 
 IMAGE_ENV = "PIPELINE_IMAGE"
 IMAGES_JSON_ENV = "IMAGES_JSON"

@@ -28,16 +28,17 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from serving.config import CONFIG_FILE, MODEL_CONFIG_FILE, read_properties, write_properties
+from settings import (CONFIG_FILE, MODEL_CONFIG_FILE, POD_TORCHSERVE_PORT, Endpoints, properties, read_properties,
+                      write_properties)
 
 from .manifests import ManifestError, validate
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 PROTOCOLS = ("v1", "v2")
 #: TorchServe's inference and management APIs inside the pod: loopback only, behind the gateway.
-INFERENCE_PORT = 8085
-#: Prometheus metrics, scraped from outside the pod.
-METRICS_PORT = 8082
+INFERENCE_PORT = POD_TORCHSERVE_PORT
+#: Prometheus metrics, scraped from outside the pod: the port of config.properties' metrics_address.
+METRICS_PORT = Endpoints.from_properties(properties()).ports()["metrics"]
 #: The ClusterServingRuntime in deploy/kserve/servingruntime.yaml.
 DEFAULT_RUNTIME = "mnist-embedding-torchserve"
 #: Secret (in the InferenceService's namespace) whose key `api-key` callers present as a bearer token.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from serving.config import REPO
+from settings import REPO
 
 from .pipeline import PIPELINE_NAME, mnist_embedding_pipeline
 

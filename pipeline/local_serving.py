@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serving.config import CONFIG_FILE, REPO
+from settings import CONFIG_FILE, REPO
 from serving.server import Instance, ServerError, start, stop
 
 DEFAULT_WORKDIR = REPO / "local_outputs" / "serve"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from handler.search import DEFAULT_K
-from serving.config import MODEL_NAME, MODEL_VERSION
+from settings import DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_NAME_RULE, MODEL_VERSION
 from training.index import INDEX_TYPES
 from training.train import TrainConfig
 
@@ -24,7 +24,6 @@ DEPLOY_TARGETS = ("local", "kserve", "none")
 STORAGE_SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
 #: Where the same Secret is mounted for gs:// (a service-account key file named gcs-key.json).
 STORAGE_SECRET_MOUNT = "/var/secrets/storage"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _VERSION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
@@ -60,7 +59,7 @@ class Param:
 
 _TRAIN = TrainConfig()
 PARAMS: tuple[Param, ...] = (
-    Param("data_source", str, "mnist-sample", "mnist-sample, idx:DIR, download:mnist or folder:DIR"),
+    Param("data_source", str, DEFAULT_DATA_SOURCE, f"{DEFAULT_DATA_SOURCE}, idx:DIR, download:mnist or folder:DIR"),
     Param("epochs", int, _TRAIN.epochs, "training epochs", check=_positive),
     Param("embedding_dim", int, _TRAIN.embedding_dim, "embedding size", check=_positive),
     Param("width", int, _TRAIN.width, "channels of the first conv blocks (later ones 2x, 4x)", check=_positive),
@@ -69,7 +68,7 @@ PARAMS: tuple[Param, ...] = (
     Param("index_type", str, "auto", "FAISS gallery index (auto: exact below 30k images, IVF above)",
           choices=("auto", *INDEX_TYPES)),
     Param("model_name", str, MODEL_NAME, "TorchServe model name",
-          check=_pattern(_NAME, "use letters, digits, '-' and '_'")),
+          check=_pattern(MODEL_NAME_PATTERN, MODEL_NAME_RULE)),
     Param("model_version", str, MODEL_VERSION, "model version written into the archive",
           check=_pattern(_VERSION, "letters, digits, '.', '-', '_', starting and ending alphanumeric")),
     Param("min_accuracy", float, 0.9, "deploy only at or above this held-out accuracy", check=_accuracy),

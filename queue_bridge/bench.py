@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from serving.config import REPO
+from settings import REPO
 
 from .backend import ModelBackend, Outcome, TokenSource, default_inference_url, default_model
 from .client import QueueClient

@@ -8,13 +8,15 @@ from dataclasses import dataclass
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
+from settings import max_request_size
+
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 DEFAULT_QUEUE = "embedding.requests"
 #: Broker-side cap on deliveries of one request. The bridge gives up earlier (`--max-attempts`) on
 #: failures it sees; this limit catches what it cannot see: a request that kills the bridge each time.
 DELIVERY_LIMIT = 20
-#: Largest request body accepted, the same as TorchServe's max_request_size in config.properties.
-MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Largest request body accepted: TorchServe's max_request_size, from config.properties.
+MAX_BODY_BYTES = max_request_size()
 
 
 def amqp_url(value: str | None = None) -> str:

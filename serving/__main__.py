@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME, REPO
+from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME, REPO
 from .server import Instance, ServerError, model_status, start, stop
 
 

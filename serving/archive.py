@@ -12,7 +12,8 @@ from pathlib import Path
 
 from handler.artifacts import CHECKSUMMED, METADATA_FILE, MODEL_FILE, ArtifactError, sha256_file, verify_artifacts
 
-from .config import DEFAULT_ARTIFACTS, DEFAULT_MODEL_STORE, MODEL_CONFIG_FILE, MODEL_NAME, MODEL_VERSION, REPO
+from settings import (DEFAULT_ARTIFACTS, DEFAULT_DATA_SOURCE, DEFAULT_MODEL_STORE, MODEL_CONFIG_FILE, MODEL_NAME,
+                      MODEL_VERSION, REPO, SettingsError, check_model_name)
 
 HANDLER_PACKAGE = REPO / "handler"
 HANDLER_ENTRY = HANDLER_PACKAGE / "embedding_handler.py"
@@ -40,8 +41,10 @@ def build_mar(artifacts: Path, export_path: Path, model_name: str = MODEL_NAME, 
     place, so an interrupted build never leaves a partial archive where TorchServe looks.
     """
     artifacts, export_path = Path(artifacts), Path(export_path)
-    if not model_name.replace("-", "").replace("_", "").isalnum():
-        raise ArchiveError(f"invalid model name {model_name!r}: use letters, digits, '-' and '_'")
+    try:
+        check_model_name(model_name)
+    except SettingsError as exc:
+        raise ArchiveError(str(exc)) from None
     try:
         verify_artifacts(artifacts)
     except ArtifactError as exc:
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--artifacts", type=Path, default=DEFAULT_ARTIFACTS,
                    help="training output (default: artifacts/; trained on the bundled sample if missing)")
     p.add_argument("--no-train", action="store_true", help="fail instead of training when artifacts are missing")
-    p.add_argument("--data", default="mnist-sample", help="data source used when training first")
+    p.add_argument("--data", default=DEFAULT_DATA_SOURCE, help="data source used when training first")
     p.add_argument("--epochs", default=None, help="epochs used when training first")
     p.add_argument("--model-name", default=MODEL_NAME)
     p.add_argument("--version", default=MODEL_VERSION)

@@ -16,7 +16,7 @@ model metadata included. TorchServe's frontend already routes ``/v1/models/<m>:p
 - forwards SIGTERM to TorchServe, and exits non-zero as soon as TorchServe exits on its own, so that
   Kubernetes restarts the container instead of keeping a pod that answers nothing.
 
-Only the standard library, aiohttp and :mod:`serving.config` are imported: the image has no kfp or
+Only the standard library, aiohttp and :mod:`settings` are imported: the image has no kfp or
 training code.
 """
 
@@ -39,7 +39,7 @@ from urllib.parse import quote, urlsplit
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
-from serving.config import read_properties
+from settings import KSERVE_GATEWAY_PORT, read_properties
 
 logger = logging.getLogger("kserve_runtime")
 
@@ -47,7 +47,7 @@ logger = logging.getLogger("kserve_runtime")
 API_KEY_ENV = "INFERENCE_API_KEY"
 #: The only paths answered without the key: what the kubelet's probes call.
 PROBE_PATHS = ("/v2/health/live", "/v2/health/ready")
-DEFAULT_PORT = 8080
+DEFAULT_PORT = KSERVE_GATEWAY_PORT
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: How long TorchServe gets to finish in-flight work after SIGTERM before it is killed.
 GRACE_S = 20.0
@@ -99,7 +99,7 @@ class Upstream:
         if model not in models:
             raise RuntimeConfigError(f"{ts_config}: model {model!r} is not in model_snapshot")
         return cls(addresses["inference_address"], addresses["management_address"], model,
-                   tuple(models[model]), int(props.get("max_request_size", 6553500)),
+                   tuple(models[model]), int(props.get("max_request_size", 6553500)),  # TorchServe's own default
                    float(props.get("default_response_timeout", 120)))
 
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from .config import REPO
+from settings import REPO
 
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
 CONFIG = PROMETHEUS_DIR / "prometheus.yml"

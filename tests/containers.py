@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.kserve import API_KEY_ENV
-from serving.config import REPO
+from settings import REPO
 from serving.server import free_ports
 
 IMAGES_JSON = REPO / "build" / "images.json"

@@ -39,14 +39,14 @@ from urllib.parse import urlsplit
 import numpy as np
 from PIL import Image, ImageDraw
 
+from settings import max_image_pixels, max_request_size
+
 Expect = Literal["reject", "accept"]
 OCTET = {"Content-Type": "application/octet-stream"}
 JSON = {"Content-Type": "application/json"}
 
-#: The frontend's max_request_size in config.properties (8 MiB).
-MAX_REQUEST_SIZE = 8 * 1024 * 1024
-#: handler.max_image_pixels in model-config.yaml.
-MAX_IMAGE_PIXELS = 16_000_000
+MAX_REQUEST_SIZE = max_request_size()
+MAX_IMAGE_PIXELS = max_image_pixels()
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import yaml
 
-from serving.config import REPO
+from settings import REPO
 from serving.server import free_ports
 
 EXAMPLE_SECRET = REPO / "deploy" / "kserve" / "storage-credentials.example.yaml"

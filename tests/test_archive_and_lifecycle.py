@@ -17,7 +17,7 @@ from conftest import make_instance
 
 from handler.artifacts import sha256_file
 from serving.archive import ArchiveError, build_mar
-from serving.config import REPO
+from settings import REPO
 from serving.server import PID_FILE, ServerError, start, stop
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))

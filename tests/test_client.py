@@ -16,7 +16,7 @@ from imagegen import user_digit_png
 
 from client import AuthError, BadImageError, EmbeddingClient, ModelNotFoundError, protos
 from client.tokens import Token
-from serving.config import REPO
+from settings import REPO
 
 pytestmark = pytest.mark.serving
 

@@ -14,7 +14,7 @@ from kserve_standin import KServeStandin
 
 from client import BadImageError, EmbeddingClient, ModelNotFoundError, UsageError
 from handler.service import EmbeddingService
-from serving.config import REPO
+from settings import REPO
 
 NOT_AN_IMAGE = "not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, TIFF)"
 

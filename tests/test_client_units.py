@@ -35,7 +35,7 @@ from client import (
 from client.answers import as_answer
 from client.rest import auth_error
 from client.retry import RetryPolicy, with_retries
-from serving.config import REPO
+from settings import REPO
 
 ANSWER = {"pred": "3", "dist": 0.1, "confidence": 1.0, "unknown": False, "neighbours": [{"label": "3", "dist": 0.1}]}
 

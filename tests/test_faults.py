@@ -29,7 +29,7 @@ from PIL import Image
 
 from handler.artifacts import INDEX_FILE, LABELS_FILE, MODEL_FILE, sha256_file, verify_artifacts
 from handler.service import EmbeddingService
-from serving.config import CONFIG_FILE, REPO, read_properties
+from settings import CONFIG_FILE, REPO, read_properties
 from serving.server import start, stop
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))

@@ -112,7 +112,7 @@ def test_a_service_without_the_annotation_is_unknown(cluster):
 def test_the_shipped_role_allows_exactly_what_the_gate_and_deploy_call(cluster, model_store, pvc):
     import yaml
 
-    from serving.config import REPO
+    from settings import REPO
 
     deploy_version(model_store, "1.0", 0.90)
     decide(0.95, "models", "embedding", allow_unknown_current=False)

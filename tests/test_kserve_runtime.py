@@ -16,7 +16,7 @@ import pytest
 from containers import http_get
 
 from pipeline.kserve import stage_layout
-from serving.config import REPO, read_properties, write_properties
+from settings import REPO, read_properties, write_properties
 from serving.kserve_runtime import API_KEY_ENV, RuntimeConfigError, Upstream
 from serving.server import free_ports
 

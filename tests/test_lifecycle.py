@@ -25,7 +25,7 @@ from imagegen import user_digit_png
 from client import AuthError, EmbeddingClient, LifecycleError, ManagementClient, ModelNotFoundError, UsageError, protos
 from client.lifecycle import lifecycle_properties, mar_manifest, write_lifecycle_config
 from serving.archive import build_mar
-from serving.config import MODEL_CONFIG_FILE, REPO, read_properties
+from settings import MODEL_CONFIG_FILE, REPO, read_properties
 from serving.server import Instance, start, stop
 
 pytestmark = pytest.mark.serving

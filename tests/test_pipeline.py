@@ -17,7 +17,7 @@ from idx_fixtures import make_idx_dir
 
 from pipeline import params as P
 from pipeline.kserve import KServeError, KServeTarget, deploy
-from serving.config import MODEL_CONFIG_FILE, REPO, read_properties, with_ports, write_properties
+from settings import MODEL_CONFIG_FILE, REPO, read_properties, with_ports, write_properties
 from serving.server import Instance, start, stop
 
 TASKS = {"load-data", "train", "build-index", "evaluate", "archive"}

@@ -41,7 +41,7 @@ import pytest
 from containers import build_images, engine_or_reason, post, start_predictor, wait_for_probe
 from s3server import client_env, files, kserve_download, s3_server
 
-from serving.config import REPO
+from settings import REPO
 
 ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]

@@ -14,7 +14,7 @@ from kfp_standin import API, KfpStandin
 
 from pipeline import images
 from pipeline import params as P
-from serving.config import REPO
+from settings import REPO
 
 IMAGE = "registry.example.com/ml/mnist-embedding-pipeline:1.2.3"
 DIGEST = "sha256:" + "5e" * 32

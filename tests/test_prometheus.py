@@ -28,7 +28,7 @@ from PIL import Image, ImageDraw
 from client import EmbeddingClient
 from client.__main__ import main as client_main
 from serving import prometheus as prom
-from serving.config import REPO
+from settings import REPO
 from serving.server import free_ports
 
 PROMTOOL = shutil.which("promtool")

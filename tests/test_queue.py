@@ -24,7 +24,7 @@ from queue_bridge.backend import ModelBackend, Outcome, TokenSource, outcome_of
 from queue_bridge.bench import main as bench_main
 from queue_bridge.protocol import image_from_message
 from serving.client import predict
-from serving.config import REPO
+from settings import REPO
 
 SCRIPT = REPO / "scripts" / "rabbitmq.sh"
 serving = pytest.mark.serving  # needs TorchServe (and the broker): skipped by -m "not serving"

@@ -27,7 +27,7 @@ from imagegen import user_digit_png
 from PIL import Image
 
 from handler.preprocessing import InvalidImageError, decode_image
-from serving.config import CONFIG_FILE, MODEL_CONFIG_FILE, REPO, read_properties
+from settings import CONFIG_FILE, MODEL_CONFIG_FILE, REPO, read_properties
 
 TOKEN_EXPIRATION_MIN = 7  # not the default 60: proves the setting is honoured
 

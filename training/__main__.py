@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from handler.search import DEFAULT_K
+from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threads
 
 from .index import INDEX_TYPES
 from .train import TrainConfig
@@ -26,17 +27,11 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _env_threads(default: int = 2) -> int:
-    """$OMP_NUM_THREADS when it is a plain positive integer (it may also be a list like "4,2")."""
-    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    return int(value) if value.isdigit() and int(value) > 0 else default
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     defaults = TrainConfig()
     p = argparse.ArgumentParser(prog="python -m training", description=__doc__)
-    p.add_argument("--data", default="mnist-sample",
-                   help="mnist-sample (default, offline), idx:DIR, download:mnist or folder:DIR")
+    p.add_argument("--data", default=DEFAULT_DATA_SOURCE,
+                   help=f"{DEFAULT_DATA_SOURCE} (default, offline), idx:DIR, download:mnist or folder:DIR")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (replaced atomically)")
     p.add_argument("--epochs", type=_positive_int, default=defaults.epochs)
     p.add_argument("--embedding-dim", type=_positive_int, default=defaults.embedding_dim)
@@ -47,9 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--index", choices=("auto", *INDEX_TYPES), default="auto",
                    help="gallery index: auto (exact below 30k images, IVF above), flat, hnsw or ivf")
     p.add_argument("-k", type=_positive_int, default=DEFAULT_K, help="neighbours in the k-NN vote")
-    p.add_argument("--threads", type=_positive_int, default=_env_threads(),
-                   help="torch intra-op threads (default: $OMP_NUM_THREADS or 2)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="download cache (default ~/.cache/mnist-embedding)")
+    p.add_argument("--threads", type=_positive_int, default=env_threads(),
+                   help=f"torch intra-op threads (default: $OMP_NUM_THREADS or {DEFAULT_THREADS})")
+    p.add_argument("--cache-dir", type=Path, default=None, help=f"download cache (default {cache_root()})")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return p.parse_args(argv)
 

@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import torch
 
 from handler.search import DEFAULT_K
+from settings import DEFAULT_THREADS
 
 from .steps import build_gallery, evaluate_and_finalize, prepare_data, train_and_export
 from .train import TrainConfig
@@ -111,7 +112,7 @@ def staged_directory(out: Path) -> Iterator[Path]:
 
 
 def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str = "auto",
-                    k: int = DEFAULT_K, cache_dir: Path | None = None, threads: int = 2,
+                    k: int = DEFAULT_K, cache_dir: Path | None = None, threads: int = DEFAULT_THREADS,
                     plots: bool = True, log: Callable[[str], None] = print) -> dict:
     """Data -> trained TorchScript model -> FAISS gallery -> evaluation -> metadata, in `out`."""
     torch.set_num_threads(threads)

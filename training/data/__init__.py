@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_SOURCE = "mnist-sample"
-DEFAULT_CACHE = Path.home() / ".cache" / "mnist-embedding"
+from settings import DEFAULT_DATA_SOURCE as DEFAULT_SOURCE, cache_root
 
 
 class DataError(Exception):
@@ -57,8 +56,8 @@ class Dataset:
 
 def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None) -> Dataset:
     """Resolve a ``--data`` value to a Dataset; raises DataError with a one-line reason."""
-    cache_dir = Path(cache_dir) if cache_dir else DEFAULT_CACHE
-    if source == "mnist-sample":
+    cache_dir = Path(cache_dir) if cache_dir else cache_root()
+    if source == DEFAULT_SOURCE:
         from .sample import load_mnist_sample
 
         return load_mnist_sample()

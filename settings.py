@@ -1,0 +1,170 @@
+"""The project's settings: names, paths and defaults, and the two files that hold the server's numbers.
+
+Every package (client, serving, training, pipeline, bench, queue bridge) takes ports, addresses, the model
+name, request limits, token lifetime, workers and threads from here. Numbers the server uses live in
+config.properties (TorchServe) and model-config.yaml (batching, workers, handler limits); this module reads
+them once and never repeats them. It imports only the standard library and PyYAML, so it sits at the bottom
+of the import graph: the client does not need the server package to know where the server is.
+
+What a trained model needs at serving time (k, threshold, score, preprocessing) is not a setting: it lives in
+the model's metadata.json, written by training.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+REPO = Path(__file__).resolve().parent
+CONFIG_FILE = REPO / "config.properties"
+MODEL_CONFIG_FILE = REPO / "model-config.yaml"
+MODEL_NAME = "embedding"
+MODEL_VERSION = "1.0"
+DEFAULT_ARTIFACTS = REPO / "artifacts"
+DEFAULT_MODEL_STORE = REPO / "model_store"
+KEY_FILE = "key_file.json"
+#: The training data when none is named: the MNIST sample bundled with the repository (offline).
+DEFAULT_DATA_SOURCE = "mnist-sample"
+#: Torch threads of one-process jobs (training, evaluation, the offline service) unless --threads or
+#: $OMP_NUM_THREADS say otherwise. Fixed rather than "all cores" because the thread count changes the order of
+#: floating-point sums, so the same seed gives the same model only at the same count; 2 is the small machine
+#: this project targets. TorchServe workers use model-config.yaml's handler.threads instead (one each, with
+#: as many workers as cores).
+DEFAULT_THREADS = 2
+#: Inside a KServe pod: the gateway listens on KServe's container port, TorchServe behind it on loopback.
+KSERVE_GATEWAY_PORT = 8080
+POD_TORCHSERVE_PORT = 8085
+MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+MODEL_NAME_RULE = "use letters, digits, '-' and '_', starting with a letter or digit"
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message is one line naming it."""
+
+
+def cache_root() -> Path:
+    """Downloads and generated files: $XDG_CACHE_HOME/mnist-embedding (~/.cache by default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mnist-embedding"
+
+
+def env_threads(default: int = DEFAULT_THREADS) -> int:
+    """$OMP_NUM_THREADS when it is a plain positive integer (it may also be a list like "4,2"), else `default`."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(value) if value.isdigit() and int(value) > 0 else default
+
+
+def check_model_name(name: str) -> str:
+    """`name` if TorchServe, KServe and a file name all accept it; SettingsError otherwise."""
+    if not MODEL_NAME_PATTERN.match(name):
+        raise SettingsError(f"invalid model name {name!r}: {MODEL_NAME_RULE}")
+    return name
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """Java-style key=value file (comments and blank lines skipped)."""
+    props: dict[str, str] = {}
+    for raw in Path(path).read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", "!")) or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        props[key.strip()] = value.strip()
+    return props
+
+
+def write_properties(props: dict[str, str], path: Path) -> None:
+    Path(path).write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+
+
+@functools.cache
+def properties() -> dict[str, str]:
+    """The project's config.properties, read once."""
+    return read_properties(CONFIG_FILE)
+
+
+@functools.cache
+def model_config() -> dict[str, Any]:
+    """The project's model-config.yaml, read once."""
+    return yaml.safe_load(MODEL_CONFIG_FILE.read_text())
+
+
+def _required(props: dict[str, str], key: str) -> str:
+    try:
+        return props[key]
+    except KeyError:
+        raise SettingsError(f"config.properties has no {key}") from None
+
+
+def max_request_size(props: dict[str, str] | None = None) -> int:
+    """Largest request body in bytes (TorchServe's max_request_size; the queue bridge applies it too)."""
+    return int(_required(props if props is not None else properties(), "max_request_size"))
+
+
+def token_lifetime_min(props: dict[str, str] | None = None) -> int:
+    """Minutes a TorchServe API key lives before it must be regenerated."""
+    return int(_required(props if props is not None else properties(), "token_expiration_min"))
+
+
+def workers() -> int:
+    """TorchServe workers of the model (model-config.yaml minWorkers)."""
+    return int(model_config()["minWorkers"])
+
+
+def worker_threads() -> int:
+    """Torch threads in each TorchServe worker (model-config.yaml handler.threads)."""
+    return int(model_config()["handler"]["threads"])
+
+
+def max_image_pixels() -> int:
+    """Largest decoded image the handler accepts (model-config.yaml handler.max_image_pixels)."""
+    return int(model_config()["handler"]["max_image_pixels"])
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    inference: str
+    management: str
+    metrics: str
+    grpc_inference_port: int
+    grpc_management_port: int
+
+    @classmethod
+    def from_properties(cls, props: dict[str, str]) -> "Endpoints":
+        return cls(
+            inference=_required(props, "inference_address"),
+            management=_required(props, "management_address"),
+            metrics=_required(props, "metrics_address"),
+            grpc_inference_port=int(_required(props, "grpc_inference_port")),
+            grpc_management_port=int(_required(props, "grpc_management_port")),
+        )
+
+    def ports(self) -> dict[str, int]:
+        return {
+            "inference": urlsplit(self.inference).port or 80,
+            "management": urlsplit(self.management).port or 80,
+            "metrics": urlsplit(self.metrics).port or 80,
+            "gRPC inference": self.grpc_inference_port,
+            "gRPC management": self.grpc_management_port,
+        }
+
+
+def with_ports(props: dict[str, str], inference: int, management: int, metrics: int,
+               grpc_inference: int, grpc_management: int) -> dict[str, str]:
+    """A copy of `props` listening on other loopback ports (tests run beside a user's server)."""
+    out = dict(props)
+    out.update({
+        "inference_address": f"http://127.0.0.1:{inference}",
+        "management_address": f"http://127.0.0.1:{management}",
+        "metrics_address": f"http://127.0.0.1:{metrics}",
+        "grpc_inference_port": str(grpc_inference),
+        "grpc_management_port": str(grpc_management),
+    })
+    return out

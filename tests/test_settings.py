@@ -1,0 +1,56 @@
+"""settings: the one place names, ports, limits and threads come from."""
+
+from __future__ import annotations
+
+import pytest
+
+import settings
+from pipeline.params import ParamError, validate
+from serving.archive import ArchiveError, build_mar
+
+
+@pytest.mark.parametrize("name", ["-embedding", "_x", "emb.v2", "émbedding", "a b", ""])
+def test_archive_and_pipeline_refuse_the_same_model_names(tmp_path, name):
+    with pytest.raises(settings.SettingsError, match="invalid model name"):
+        settings.check_model_name(name)
+    with pytest.raises(ArchiveError, match="invalid model name"):
+        build_mar(tmp_path, tmp_path, model_name=name)
+    with pytest.raises(ParamError, match=f"model_name={name!r}: {settings.MODEL_NAME_RULE}"):
+        validate({"model_name": name})
+
+
+@pytest.mark.parametrize("name", ["embedding", "Embedding-2", "e_1"])
+def test_valid_model_names_pass(name):
+    assert settings.check_model_name(name) == name
+
+
+def test_endpoints_come_from_config_properties_and_a_missing_key_is_named():
+    props = settings.properties()
+    endpoints = settings.Endpoints.from_properties(props)
+    assert endpoints.inference == props["inference_address"]
+    assert endpoints.ports()["gRPC inference"] == int(props["grpc_inference_port"])
+    broken = {k: v for k, v in props.items() if k != "metrics_address"}
+    with pytest.raises(settings.SettingsError, match="config.properties has no metrics_address"):
+        settings.Endpoints.from_properties(broken)
+
+
+def test_limits_and_threads_are_read_from_the_config_files():
+    import yaml
+
+    model_config = yaml.safe_load(settings.MODEL_CONFIG_FILE.read_text())
+    assert settings.max_image_pixels() == model_config["handler"]["max_image_pixels"]
+    assert settings.worker_threads() == model_config["handler"]["threads"]
+    assert settings.workers() == model_config["minWorkers"]
+    assert settings.max_request_size() == int(settings.read_properties(settings.CONFIG_FILE)["max_request_size"])
+
+
+@pytest.mark.parametrize("value,expected", [("3", 3), ("4,2", 4), ("0", settings.DEFAULT_THREADS),
+                                            ("", settings.DEFAULT_THREADS), ("x", settings.DEFAULT_THREADS)])
+def test_env_threads(monkeypatch, value, expected):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert settings.env_threads() == expected
+
+
+def test_cache_root_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert settings.cache_root() == tmp_path / "mnist-embedding"
