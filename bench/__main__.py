@@ -1,4 +1,5 @@
-"""`python -m bench --out bench/results [--quick]`: every figure of issue #6, side by side, in one run.
+"""`python -m bench --out bench/results [--quick]`: serving throughput and latency against the in-process ceiling and
+peer servers, gallery search, batching configurations and cold start, side by side, in one run.
 
 Writes results.json (all figures, medians over trials with min-max), results.md (tables, targets
 met or missed) and PNG plots into --out. The full run takes about 15 minutes on 2 cores (designed

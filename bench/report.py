@@ -73,7 +73,8 @@ def _cpu_text(run: dict) -> str:
 
 
 def targets(results: dict) -> list[dict[str, Any]]:
-    """Each target of issue #6 as met / missed / not measured, with the margin and the figures behind it."""
+    """Each serving target (throughput vs ceiling, p99, peers, configs, gallery, start times) as met / missed / not
+    measured, with the margin and the figures behind it."""
     out = []
     data_name = (results.get("data") or {}).get("name", "")
     caveat = "" if data_name.startswith("fashion-mnist-60k") else f" [measured on {data_name}, not the 60k gallery]"

@@ -53,7 +53,7 @@ class EmbeddingClient:
     ``protocol``: ``rest`` (TorchServe /predictions), ``grpc`` (TorchServe gRPC), ``v1``/``v2``
     (KServe). ``url``: the inference base URL (``host:port`` for gRPC); defaults come from
     config.properties. Failures raise the typed errors of :mod:`client.errors`; connection failures
-    and 503 are retried ``retries`` times with exponential backoff starting at ``backoff`` seconds.
+    and 503 are retried ``retries`` times with exponential backoff (``backoff`` seconds; see :mod:`client.retry`).
     """
 
     def __init__(self, url: str | None = None, *, protocol: str = "rest", model: str = MODEL_NAME,

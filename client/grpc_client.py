@@ -23,7 +23,7 @@ from . import protos
 from .answers import as_answer, predict_each
 from .errors import BadImageError, ClientError, ConnectionFailed, ModelNotFoundError, RequestTimeout, ServerError
 from .rest import auth_error, is_loopback
-from .retry import RetryPolicy, with_retries
+from .retry import RetryPolicy
 from .tokens import Token
 
 #: Above TorchServe's max_request_size (8 MiB), so the server, not the client, decides what is too large.
@@ -47,7 +47,9 @@ class GrpcTransport:
         self.token = token
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
-        options = [("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)]
+        service = self.stubs.inference_pb2.DESCRIPTOR.services_by_name["InferenceAPIsService"].full_name
+        options = [("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE),
+                   ("grpc.enable_retries", 1), ("grpc.service_config", self.retry.grpc_service_config(service))]
         if is_loopback(self.target):
             options.append(("grpc.enable_http_proxy", 0))
         self.channel = grpc.insecure_channel(self.target, options=options)
@@ -78,12 +80,11 @@ class GrpcTransport:
         return ServerError(f"{self.target} answered {code.name}: {first}", 500)
 
     def _call(self, method: Any, request: Any) -> Any:
-        def attempt() -> Any:
-            try:
-                return method(request, timeout=self.timeout, metadata=self.token.metadata())
-            except grpc.RpcError as exc:
-                raise self._error(exc) from None
-        return with_retries(attempt, self.retry)
+        """One call; the channel's retry policy repeats it on UNAVAILABLE."""
+        try:
+            return method(request, timeout=self.timeout, metadata=self.token.metadata())
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
 
     def predict(self, image: bytes) -> dict[str, Any]:
         request = self.stubs.inference_pb2.PredictionsRequest(model_name=self.model, model_version=self.version or "",

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import requests
+from requests.adapters import HTTPAdapter
 
 from .answers import as_answer, predict_each
 from .errors import (
@@ -24,7 +25,7 @@ from .errors import (
     RequestTimeout,
     ServerError,
 )
-from .retry import RetryPolicy, with_retries
+from .retry import RetryPolicy
 from .tokens import Token
 
 CONNECT_TIMEOUT = 10.0
@@ -96,11 +97,15 @@ class Http:
         if session is None:
             session = self._local.session = requests.Session()
             session.trust_env = self.trust_env
+            adapter = HTTPAdapter(max_retries=self.retry.urllib3())
+            session.mount("http://", adapter)
+            session.mount("https://", adapter)
             with self._lock:
                 self._sessions.append(session)
         return session
 
-    def _once(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+    def request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        """One call, retried by the session's urllib3 Retry; failures become the client's typed errors."""
         where = urlsplit(url).netloc
         try:
             response = self.session().request(method, url, timeout=(min(CONNECT_TIMEOUT, self.timeout), self.timeout),
@@ -117,9 +122,6 @@ class Http:
             text = body.get("message", "") if isinstance(body, dict) else str(body)[:200]
             raise ServerError(f"{where} unavailable (503): {text}".rstrip(": "), 503)
         return response
-
-    def request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
-        return with_retries(lambda: self._once(method, url, **kwargs), self.retry)
 
     def close(self) -> None:
         with self._lock:

@@ -20,6 +20,22 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 TINY_EPOCHS = 2
 
+#: Fixtures that start a TorchServe (Java) or a RabbitMQ node. A test using one, directly or through another
+#: fixture, gets the marker, so `-m "not serving"` and `-m "not rabbitmq"` select by what a test really needs.
+#: (`server` is test_security's own TorchServe.)
+MARKER_FIXTURES = {
+    "serving": {"torchserve", "fault_server", "corpus_run", "served", "e2e_instance", "server"},
+    "rabbitmq": {"rabbitmq"},
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for marker, fixtures in MARKER_FIXTURES.items():
+            if used & fixtures:
+                item.add_marker(marker)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def grpc_stub_cache(tmp_path_factory):

@@ -93,6 +93,7 @@ def test_failed_build_leaves_previous_archive_intact(tiny_artifacts, tmp_path):
     assert [p.name for p in store.iterdir()] == ["embedding.mar"]
 
 
+@pytest.mark.serving
 def test_start_reports_a_taken_port_and_leaves_nothing_running(model_store, tmp_path):
     instance = make_instance(tmp_path / "ts")
     port = instance.endpoints.ports()["inference"]
@@ -104,12 +105,14 @@ def test_start_reports_a_taken_port_and_leaves_nothing_running(model_store, tmp_
     assert instance.pid() is None and torchserve_processes(instance.workdir) == []
 
 
+@pytest.mark.serving
 def test_start_reports_missing_archive(tmp_path):
     instance = make_instance(tmp_path / "ts")
     with pytest.raises(ServerError, match="embedding.mar not found"):
         start(instance, tmp_path / "empty-store")
 
 
+@pytest.mark.serving
 def test_stop_leaves_no_process_and_start_recovers_from_a_killed_frontend(model_store, tmp_path):
     instance = make_instance(tmp_path / "ts")
     start(instance, model_store)

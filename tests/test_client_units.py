@@ -34,7 +34,7 @@ from client import (
 )
 from client.answers import as_answer
 from client.rest import auth_error
-from client.retry import RetryPolicy, with_retries
+from client.retry import RetryPolicy
 from settings import REPO
 
 ANSWER = {"pred": "3", "dist": 0.1, "confidence": 1.0, "unknown": False, "neighbours": [{"label": "3", "dist": 0.1}]}
@@ -126,7 +126,7 @@ def test_503_is_retried_with_exponential_backoff_then_answered():
             assert client.predict(b"img") == ANSWER
     gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(seen)]
     assert len(seen) == 3
-    assert 0.1 <= gaps[0] < 1.0 and 0.2 <= gaps[1] < 1.0, gaps  # waited 0.1 s, then twice that
+    assert gaps[0] < 0.1 <= gaps[1] < 1.0, gaps  # urllib3's schedule: the first retry at once, then 0.1 s
 
 
 def test_503_retries_are_bounded():
@@ -153,26 +153,59 @@ def test_refusals_and_other_errors_are_typed_and_not_retried(status, body, error
         assert caught.value.message == body["error"] and caught.value.status == body["status"]
 
 
-def test_retry_loop_doubles_its_delay_and_stops():
-    sleeps: list[float] = []
-    attempts: list[int] = []
-    client = EmbeddingClient(f"http://127.0.0.1:{closed_port()}", token="t", retries=0)  # one try per attempt
-
-    def attempt() -> dict:
-        attempts.append(1)
-        return client.predict(b"img")
-
-    with pytest.raises(ConnectionFailed, match="connection refused") as caught:
-        with_retries(attempt, RetryPolicy(retries=3, backoff=0.05), sleep=sleeps.append)
-    assert len(attempts) == 4 and caught.value.exit_code == 7
-    assert len(sleeps) == 3 and all(1 <= s / (0.05 * 2 ** i) <= 1.1 for i, s in enumerate(sleeps)), sleeps
+def test_retry_policy_maps_onto_urllib3_and_grpc():
+    retry = RetryPolicy(retries=3, backoff=0.2, max_delay=5.0).urllib3()
+    assert (retry.total, retry.connect, retry.read, retry.status) == (3, 3, False, 3)
+    assert retry.status_forcelist == (503,) and retry.allowed_methods is None  # POST /predictions retries too
+    config = json.loads(RetryPolicy(retries=9, backoff=0.2).grpc_service_config("pkg.Svc"))
+    (method,) = config["methodConfig"]
+    assert method["name"] == [{"service": "pkg.Svc"}]
+    assert method["retryPolicy"] == {"maxAttempts": 5, "initialBackoff": "0.200s", "maxBackoff": "5.000s",
+                                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
+    assert "retryPolicy" not in json.loads(RetryPolicy(retries=0).grpc_service_config("pkg.Svc"))["methodConfig"][0]
 
 
 def test_connection_refused_through_the_client():
     started = time.monotonic()
     with pytest.raises(ConnectionFailed, match="connection refused"):
         EmbeddingClient(f"http://127.0.0.1:{closed_port()}", token="t", retries=2, backoff=0.05).predict(b"img")
-    assert time.monotonic() - started >= 0.05 + 0.1  # both backoff delays were waited
+    assert time.monotonic() - started >= 0.05  # the second retry waited the backoff
+
+
+@pytest.mark.parametrize("failures,retries,answered", [(2, 3, True), (3, 2, False)])
+def test_grpc_unavailable_is_retried_by_the_channel_and_bounded(failures, retries, answered):
+    """A real gRPC server answers UNAVAILABLE `failures` times; the channel's retry policy does the rest."""
+    from concurrent import futures
+
+    import grpc
+
+    from client import protos
+
+    stubs = protos.load()
+    calls: list[float] = []
+
+    class Servicer(stubs.inference_pb2_grpc.InferenceAPIsServiceServicer):
+        def Predictions(self, request, context):  # noqa: N802 (the proto's name)
+            calls.append(time.monotonic())
+            if len(calls) <= failures:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "no worker yet")
+            return stubs.inference_pb2.PredictionResponse(prediction=json.dumps(ANSWER).encode())
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    stubs.inference_pb2_grpc.add_InferenceAPIsServiceServicer_to_server(Servicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        client = EmbeddingClient(f"127.0.0.1:{port}", protocol="grpc", token="t", retries=retries, backoff=0.05)
+        if answered:
+            assert client.predict(b"img") == ANSWER
+        else:
+            with pytest.raises(ServerError, match="unavailable: no worker yet"):
+                client.predict(b"img")
+        client.close()
+    finally:
+        server.stop(None)
+    assert len(calls) == min(failures + 1, retries + 1)
 
 
 @pytest.mark.parametrize("protocol", ["rest", "grpc", "v2"])

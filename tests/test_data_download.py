@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 import threading
 from collections import Counter
@@ -221,4 +222,4 @@ def test_published_constants():
     assert sorted(FILES) == sorted(
         f"{p}-{k}-idx{d}-ubyte.gz" for p in ("train", "t10k") for k, d in (("images", 3), ("labels", 1))
     )
-    assert all(len(h) == 64 and int(h, 16) >= 0 for h in FILES.values())
+    assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in FILES.values()) and len(set(FILES.values())) == len(FILES)

@@ -414,6 +414,7 @@ def swapped_mar(good: Path, target: Path, member: str, replacement: bytes) -> No
 SWAPS = {"embedding": INDEX_FILE, "swapped_labels": LABELS_FILE, "swapped_model": MODEL_FILE}
 
 
+@pytest.mark.serving
 @pytest.mark.parametrize("name", list(SWAPS))
 def test_artifacts_swapped_from_another_run_are_refused(model_store, other_run, tmp_path, name):
     member = SWAPS[name]
