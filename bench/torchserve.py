@@ -35,6 +35,7 @@ from typing import Any, Self
 import psutil
 import yaml
 
+from client.metrics_text import sum_by_name
 from serving.archive import build_mar
 from settings import MODEL_CONFIG_FILE
 from serving.server import Instance, private_instance, start, stop
@@ -44,7 +45,8 @@ from .procs import ProcessTree
 
 BATCH_LINE = re.compile(r"batch=(\d+) rejected=\d+ unknown=\d+ preprocess_ms=([\d.]+) embed_ms=([\d.]+) "
                         r"search_ms=([\d.]+)")
-COUNTERS = ("ts_inference_requests_total", "ts_inference_latency_microseconds", "ts_queue_latency_microseconds")
+#: Counter families (prometheus_client names counters without their _total suffix).
+COUNTERS = ("ts_inference_requests", "ts_inference_latency_microseconds", "ts_queue_latency_microseconds")
 
 
 @dataclass(frozen=True)
@@ -107,17 +109,7 @@ def scrape(metrics_url: str) -> dict[str, float]:
     """Prometheus text format -> {metric name: value summed over label sets}."""
     with urllib.request.urlopen(f"{metrics_url}/metrics", timeout=10) as response:
         text = response.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0]
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
-    return out
+    return sum_by_name(text)
 
 
 class TorchServeProbe:
@@ -144,7 +136,7 @@ class TorchServeProbe:
             fh.seek(offset)
             tail = fh.read().decode(errors="replace")
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTERS}
-        requests = delta["ts_inference_requests_total"]
+        requests = delta["ts_inference_requests"]
         batches = [tuple(float(g) for g in m.groups()) for m in BATCH_LINE.finditer(tail)]
         items = sum(b[0] for b in batches)
         if requests <= 0 or not items:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import ClientError, ConnectionFailed, DriftDetected, NoBaselineError, TooFewRequestsError
+from .metrics_text import sum_by_name
 from .rest import is_loopback
 
 #: Same figures as the alerts EmbeddingUnknownRatioDrift / EmbeddingTop1DistanceDrift / their traffic floor.
@@ -32,8 +33,6 @@ BASELINE = {"mean": "EmbeddingBaselineTop1DistanceMean", "p50": "EmbeddingBaseli
 COUNTERS = {"answered": "EmbeddingAnsweredImages", "unknown": "EmbeddingUnknownAnswers",
             "distance_sum": "EmbeddingTop1DistanceSum"}
 
-_SAMPLE = re.compile(r'^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
@@ -100,22 +99,7 @@ def metrics_url(url: str) -> str:
 
 def parse_metrics(text: str, model: str) -> dict[str, float]:
     """Embedding* samples of ``model`` (summed over label sets) from Prometheus text exposition."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith("Embedding"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        labels = dict(_LABEL.findall(match.group(2) or ""))
-        if labels.get("ModelName") != model:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        values[match.group(1)] = values.get(match.group(1), 0.0) + value
-    return values
+    return {name: value for name, value in sum_by_name(text, ModelName=model).items() if name.startswith("Embedding")}
 
 
 def from_metrics(url: str, model: str, timeout: float, interval: float = 0.0,

@@ -333,3 +333,22 @@ def test_kserve_v2_request_has_one_bytes_tensor_per_image():
         {"name": "image-0", "shape": [1], "datatype": "BYTES", "data": ["AQI="]},
         {"name": "image-1", "shape": [1], "datatype": "BYTES", "data": ["Aw=="]}]}
     assert kserve.encode_v1([b"\x03"]) == {"instances": [{"data": "Aw=="}]}
+
+
+def test_prometheus_text_is_summed_per_name_over_matching_label_sets():
+    from client.metrics_text import sum_by_name
+
+    text = """# HELP EmbeddingAnsweredImages Images answered
+# TYPE EmbeddingAnsweredImages counter
+EmbeddingAnsweredImages{ModelName="embedding",Level="Model",Hostname="a"} 3.0
+EmbeddingAnsweredImages{ModelName="embedding",Level="Model",Hostname="b"} 4.0
+EmbeddingAnsweredImages{ModelName="other",Level="Model",Hostname="a"} 100.0
+# TYPE ts_inference_requests_total counter
+ts_inference_requests_total{model_name="embedding",model_version="default",hostname="a"} 9.0
+# TYPE EmbeddingBaselineUnknownRate gauge
+EmbeddingBaselineUnknownRate{ModelName="embedding",Label="with \\"quotes\\", and commas"} 0.05
+"""
+    assert sum_by_name(text, ModelName="embedding") == {"EmbeddingAnsweredImages": 7.0,
+                                                       "EmbeddingBaselineUnknownRate": 0.05}
+    assert sum_by_name(text)["EmbeddingAnsweredImages"] == 107.0
+    assert sum_by_name(text)["ts_inference_requests"] == 9.0
