@@ -9,7 +9,6 @@ artifacts (the bundled MNIST sample by default) are served instead, and the repo
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import time
@@ -20,9 +19,9 @@ from pathlib import Path
 import faiss
 import numpy as np
 import torch
-from PIL import Image
 
 from handler import preprocessing
+from serving.samples import user_digit_png
 from handler.artifacts import INDEX_FILE, METADATA_FILE, MODEL_FILE
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -64,16 +63,6 @@ class ServingData:
                 "mean_request_bytes": float(np.mean([len(b) for b in self.images])),
                 "accuracy": meta.get("metrics", {}).get("accuracy"), "dataset": meta.get("dataset", {}).get("name"),
                 "setup": self.setup}
-
-
-def user_png(image: np.ndarray, scale: int = REQUEST_SCALE) -> bytes:
-    """A 28x28 light-on-black array as a user would send it: dark on white, enlarged, PNG."""
-    picture = Image.fromarray(255 - np.asarray(image, dtype=np.uint8))
-    if scale != 1:
-        picture = picture.resize((28 * scale, 28 * scale), Image.Resampling.BICUBIC)
-    buf = io.BytesIO()
-    picture.save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def gallery_vectors(artifacts: Path) -> np.ndarray:
@@ -169,6 +158,6 @@ def serving_data(artifacts: Path | None, cache_dir: Path, quick: bool, n_images:
             description += "; Debian's dataset-fashion-mnist is missing, so no 60k Fashion-MNIST gallery"
     meta = json.loads((primary / METADATA_FILE).read_text())
     held_out = _held_out_images(meta.get("dataset", {}).get("name", ""))
-    images = [user_png(img) for img in held_out[:n_images]]
+    images = [user_digit_png(img, REQUEST_SCALE) for img in held_out[:n_images]]
     queries = embed_images(primary, held_out[:n_queries])
     return ServingData(name, description, primary, variants, images, gallery_vectors(primary), queries, setup)

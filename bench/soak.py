@@ -13,8 +13,6 @@ after warm-up is under --max-rss-growth-pct, 1 when a target is missed, 2 when t
 from __future__ import annotations
 
 import argparse
-import http.client
-import io
 import json
 import math
 import sys
@@ -29,10 +27,14 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
+from bench.procs import ProcessTree
+from bench.stats import percentiles_ms
+from bench.torchserve import worker_role
+
+from client import BadImageError, ClientError, EmbeddingClient, ServerError
+from client.tokens import from_key_file
+from serving.samples import held_out_digits, user_digit_png
 from settings import MODEL_NAME
-
-MB = 1024 * 1024
-
 
 @dataclass(frozen=True)
 class Sample:
@@ -55,49 +57,6 @@ class RssSample:
     workers_mb: dict[int, float]
 
 
-def digit_pngs() -> list[bytes]:
-    """Held-out MNIST digits drawn dark on white and enlarged, as users send them (bundled sample, offline)."""
-    from PIL import Image
-
-    from training.data.sample import load_mnist_sample
-
-    ds = load_mnist_sample()
-    out = []
-    for digit in range(10):
-        image = ds.test_images[int(np.flatnonzero(ds.test_labels == digit)[0])]
-        buf = io.BytesIO()
-        Image.fromarray(255 - image).resize((84, 84), Image.Resampling.BICUBIC).save(buf, "PNG")
-        out.append(buf.getvalue())
-    return out
-
-
-class Client:
-    """One keep-alive HTTP connection per thread to /predictions/<model>."""
-
-    def __init__(self, url: str, model: str, token: str | None, timeout: float) -> None:
-        parts = urlsplit(url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.path = f"{parts.path.rstrip('/')}/predictions/{model}"
-        self.headers = {"Content-Type": "application/octet-stream",
-                        **({"Authorization": f"Bearer {token}"} if token else {})}
-        self.timeout = timeout
-        self.local = threading.local()
-
-    def post(self, body: bytes) -> int:
-        conn = getattr(self.local, "conn", None)
-        if conn is None:
-            conn = self.local.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        try:
-            conn.request("POST", self.path, body=body, headers=self.headers)
-            response = conn.getresponse()
-            response.read()
-            return response.status
-        except (OSError, http.client.HTTPException):
-            conn.close()
-            self.local.conn = None
-            raise
-
-
 def frontend_pid(url: str) -> int:
     """Pid of the process listening on the URL's port (the TorchServe frontend)."""
     port = urlsplit(url).port
@@ -107,31 +66,28 @@ def frontend_pid(url: str) -> int:
     raise SystemExit(f"soak: no process listens on port {port}; pass --pid")
 
 
-def sample_rss(pid: int, t: float) -> RssSample:
+def sample_rss(tree: ProcessTree, t: float) -> RssSample:
     """RSS of the frontend and of its model workers (not of the short-lived system-metrics collector it spawns)."""
-    frontend = psutil.Process(pid)
-    workers = {}
-    for child in frontend.children(recursive=True):
-        try:
-            if any(arg.endswith("model_service_worker.py") for arg in child.cmdline()):
-                workers[child.pid] = child.memory_info().rss / MB
-        except psutil.Error:
-            pass
-    return RssSample(t, frontend.memory_info().rss / MB, workers)
+    rows = tree.memory(worker_role)
+    frontend = [r["rss_mb"] for r in rows if r["role"] == "frontend (java)"]
+    if not frontend:
+        raise psutil.NoSuchProcess(tree.root_pid)
+    return RssSample(t, frontend[0], {r["pid"]: r["rss_mb"] for r in rows if r["role"].startswith("worker")})
 
 
-def run_load(client: Client, images: list[bytes], duration_s: float, rate: float, concurrency: int,
+def run_load(client: EmbeddingClient, images: list[bytes], duration_s: float, rate: float, concurrency: int,
              pid: int, rss_interval_s: float) -> tuple[list[Sample], list[RssSample]]:
     """Send round(duration * rate) requests on schedule while a thread samples RSS."""
     total = int(round(duration_s * rate))
     start = time.monotonic()
     rss: list[RssSample] = []
     done = threading.Event()
+    tree = ProcessTree(pid)
 
     def sampler() -> None:
         while True:
             try:
-                rss.append(sample_rss(pid, time.monotonic() - start))
+                rss.append(sample_rss(tree, time.monotonic() - start))
             except psutil.Error:
                 pass
             if done.wait(rss_interval_s):
@@ -139,10 +95,11 @@ def run_load(client: Client, images: list[bytes], duration_s: float, rate: float
 
     def request(i: int, due: float) -> Sample:
         try:
-            status = client.post(images[i % len(images)])
-            return Sample(due - start, time.monotonic() - due, status)
-        except (OSError, http.client.HTTPException) as exc:
-            return Sample(due - start, time.monotonic() - due, None, f"{type(exc).__name__}: {exc}"[:200])
+            client.predict(images[i % len(images)])
+            return Sample(due - start, time.monotonic() - due, 200)
+        except ClientError as exc:
+            status = exc.status if isinstance(exc, (BadImageError, ServerError)) else None
+            return Sample(due - start, time.monotonic() - due, status, f"{type(exc).__name__}: {exc}"[:200])
 
     watcher = threading.Thread(target=sampler, daemon=True)
     watcher.start()
@@ -161,7 +118,8 @@ def run_load(client: Client, images: list[bytes], duration_s: float, rate: float
 
 
 def percentile_ms(latencies: list[float], q: float) -> float | None:
-    return round(float(np.percentile(latencies, q)) * 1e3, 2) if latencies else None
+    value = percentiles_ms(latencies, (q,))[f"p{int(q)}"]
+    return None if value is None else round(value, 2)
 
 
 def windows(samples: list[Sample], rss: list[RssSample], duration_s: float, window_s: float) -> list[dict]:
@@ -288,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from dataclasses import replace
 
-    from serving.server import ServerError, private_instance, start, stop
+    from serving.server import ServerError as TorchServeError, private_instance, start, stop
 
     instance = None
     try:
@@ -300,16 +258,16 @@ def main(argv: list[str] | None = None) -> int:
             url, token = instance.endpoints.inference, instance.keys().get("inference")
         else:
             url = args.url
-            token = json.loads(args.key_file.read_text())["inference"]["key"] if args.key_file else None
+            token = from_key_file(args.key_file, "inference").value if args.key_file else None
         pid = args.pid or frontend_pid(url)
-        client = Client(url, args.model, token, args.timeout_s)
-        images = digit_pngs()
+        client = EmbeddingClient(url, model=args.model, token=token, timeout=args.timeout_s, retries=0)
+        images = [user_digit_png(canvas) for canvas in held_out_digits()]
         started = datetime.now(UTC).isoformat(timespec="seconds")
         began = time.monotonic()
         samples, rss = run_load(client, images, args.duration_s, args.rate, args.concurrency, pid,
                                 args.rss_interval_s)
         report = build_report(args, url, pid, started, samples, rss, time.monotonic() - began)
-    except (ServerError, OSError, KeyError, ValueError, psutil.Error) as exc:
+    except (TorchServeError, ClientError, OSError, KeyError, ValueError, psutil.Error) as exc:
         print(f"soak: error: {exc}", file=sys.stderr)
         return 2
     finally:

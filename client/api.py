@@ -6,7 +6,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from settings import CONFIG_FILE, MODEL_NAME, Endpoints, read_properties
+from settings import CONFIG_FILE, MODEL_NAME, Endpoints, SettingsError, read_properties
 
 from .errors import BadImageError, ClientError, UsageError
 from .retry import RetryPolicy
@@ -24,11 +24,13 @@ class Transport(Protocol):
 
 
 def default_endpoints(config: Path = CONFIG_FILE) -> Endpoints:
-    """The project's config.properties addresses, or TorchServe's defaults when it cannot be read."""
+    """The addresses in `config` (the project's config.properties by default); UsageError if it cannot say."""
     try:
         return Endpoints.from_properties(read_properties(config))
-    except OSError:
-        return Endpoints.from_properties({})
+    except OSError as exc:
+        raise UsageError(f"{config}: cannot read ({exc.strerror}); pass --url or --config") from None
+    except SettingsError as exc:
+        raise UsageError(f"{config}: {exc}; pass --url") from None
 
 
 def default_url(protocol: str, config: Path = CONFIG_FILE) -> str:

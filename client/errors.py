@@ -21,6 +21,8 @@ Exit codes of ``python -m client``:
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ClientError(Exception):
     """Base class: ``str(exc)`` is a one-line, user-facing reason."""
@@ -60,6 +62,10 @@ class BadImageError(ClientError):
         super().__init__(message)
         self.status = status
         self.message = message
+
+    def answer(self) -> dict[str, Any]:
+        """The handler's own answer for a refused image: ``{"error", "status"}``."""
+        return {"error": self.message, "status": self.status}
 
 
 class RequestTimeout(ClientError):

@@ -296,15 +296,20 @@ def _describe(value: Any) -> str:
 
 def _ask_local(values: dict[str, Any], workdir: Path) -> dict:
     """Send one sample digit to the TorchServe the run just started."""
-    from serving.client import predict
+    from client.api import EmbeddingClient
+    from client.errors import BadImageError
     from serving.samples import write_samples
 
     from .local_serving import local_instance
 
     instance = local_instance(values["model_name"], values["serve_workdir"], values["serve_config"])
     image = write_samples(workdir / "samples")[SAMPLE_DIGIT]
-    return predict(instance.endpoints.inference, instance.model_name, instance.keys().get("inference"),
-                   image.read_bytes())
+    with EmbeddingClient(instance.endpoints.inference, model=instance.model_name,
+                         token=instance.keys().get("inference")) as client:
+        try:
+            return client.predict(image)
+        except BadImageError as exc:
+            return exc.answer()
 
 
 def main(argv: list[str] | None = None) -> int:

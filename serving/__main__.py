@@ -61,20 +61,27 @@ def _run(args: argparse.Namespace, instance: Instance) -> int:
         for path in write_samples(args.out):
             print(path)
         return 0
-    from .client import predict
+    from client.api import EmbeddingClient
+    from client.errors import BadImageError, ClientError
 
-    token = instance.keys().get("inference")
     failed = 0
-    for image in args.images:
-        try:
-            data = image.read_bytes()
-        except OSError as exc:
-            raise ServerError(f"{image}: {exc.strerror}") from None
-        answer = predict(instance.endpoints.inference, instance.model_name, token, data)
-        failed += "error" in answer
-        print(json.dumps({"image": str(image), **answer}))
+    try:
+        with EmbeddingClient(instance.endpoints.inference, model=instance.model_name,
+                             token=instance.keys().get("inference")) as client:
+            for image in args.images:
+                try:
+                    data = image.read_bytes()
+                except OSError as exc:
+                    raise ServerError(f"{image}: {exc.strerror}") from None
+                try:
+                    answer = client.predict(data)
+                except BadImageError as exc:  # this image was refused: say why and go on with the others
+                    answer = exc.answer()
+                failed += "error" in answer
+                print(json.dumps({"image": str(image), **answer}))
+    except ClientError as exc:
+        raise ServerError(str(exc)) from None
     return 1 if failed else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,6 @@ management API reports a READY worker for the model.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -15,12 +14,14 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from client.errors import ClientError
+from client.lifecycle import ManagementClient
+from client.tokens import from_key_file
 
 from settings import (CONFIG_FILE, KEY_FILE, MODEL_NAME, REPO, Endpoints, read_properties, with_ports, worker_threads,
                       write_properties)
@@ -72,17 +73,16 @@ class Instance:
         return read_properties(self.config).get("disable_token_authorization", "false").lower() != "true"
 
     def keys(self) -> dict[str, str]:
-        """Current tokens from key_file.json: {"inference": ..., "management": ..., "API": ...}.
+        """Current tokens from key_file.json: {"inference": ..., "management": ...}.
 
         Empty when the config turns token authorization off (KServe puts auth at its ingress).
         """
         if not self.token_auth:
             return {}
         try:
-            data = json.loads(self.key_file.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ServerError(f"{self.key_file}: cannot read tokens ({exc})") from None
-        return {name: entry["key"] for name, entry in data.items() if isinstance(entry, dict) and "key" in entry}
+            return {kind: from_key_file(self.key_file, kind).value for kind in ("inference", "management")}
+        except ClientError as exc:
+            raise ServerError(str(exc)) from None
 
 
 def _is_torchserve(pid: int) -> bool:
@@ -102,10 +102,6 @@ def _port_in_use(port: int) -> bool:
     return False
 
 
-def _get_json(url: str, token: str | None, timeout: float = 2.0):
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read() or b"null")
 
 
 def _log_tail(instance: Instance, lines: int = 400) -> str:
@@ -147,10 +143,11 @@ def _refused_model(instance: Instance, offset: int) -> str | None:
     return None
 
 
-def model_status(instance: Instance) -> list[dict]:
-    """Workers of the model as the management API describes them (all versions)."""
-    token = instance.keys().get("management")
-    return _get_json(f"{instance.endpoints.management}/models/{instance.model_name}/all", token)
+def model_status(instance: Instance, timeout: float = 2.0) -> list[dict]:
+    """Workers of the model as the management API describes them (all versions); client errors raise."""
+    with ManagementClient(instance.endpoints.management, model=instance.model_name,
+                          token=instance.keys().get("management"), timeout=timeout, retries=0) as management:
+        return management.describe("all")
 
 
 def wait_ready(instance: Instance, timeout: float = 120.0, log_offset: int | None = None) -> float:
@@ -169,7 +166,7 @@ def wait_ready(instance: Instance, timeout: float = 120.0, log_offset: int | Non
             versions = model_status(instance)
             if versions and all(any(w.get("status") == "READY" for w in v.get("workers", [])) for v in versions):
                 return time.monotonic() - started
-        except (ServerError, urllib.error.URLError, OSError, ValueError):
+        except (ServerError, ClientError):
             pass
         time.sleep(0.2)
     raise ServerError(f"no READY worker for {instance.model_name} after {timeout:.0f}s: {_diagnose(instance)}")

@@ -17,12 +17,6 @@ def png_bytes(image: Image.Image | np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def user_digit_png(canvas: np.ndarray, scale: int = 3) -> bytes:
-    """A 28x28 MNIST digit as a user would send it: dark ink on white, enlarged."""
-    picture = Image.fromarray(255 - canvas).resize((28 * scale, 28 * scale), Image.Resampling.BICUBIC)
-    return png_bytes(picture)
-
-
 def raw_row(data: bytes) -> dict:
     return {"body": data}
 

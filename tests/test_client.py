@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from imagegen import user_digit_png
+from serving.samples import user_digit_png
 
 from client import AuthError, BadImageError, EmbeddingClient, ModelNotFoundError, protos
 from client.tokens import Token

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from imagegen import user_digit_png
+from serving.samples import user_digit_png
 from kserve_standin import KServeStandin
 
 from client import BadImageError, EmbeddingClient, ModelNotFoundError, UsageError

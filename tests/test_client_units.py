@@ -352,3 +352,16 @@ EmbeddingBaselineUnknownRate{ModelName="embedding",Label="with \\"quotes\\", and
                                                        "EmbeddingBaselineUnknownRate": 0.05}
     assert sum_by_name(text)["EmbeddingAnsweredImages"] == 107.0
     assert sum_by_name(text)["ts_inference_requests"] == 9.0
+
+
+def test_cli_with_an_unreadable_config_says_so_in_one_line(tmp_path):
+    (tmp_path / "digit.png").write_bytes(b"\x89PNG any bytes")
+    (tmp_path / "partial.properties").write_text("management_address=http://127.0.0.1:1\n")
+    for config, reason in (("missing.properties", "cannot read (No such file or directory)"),
+                           ("partial.properties", "config.properties has no inference_address")):
+        result = subprocess.run([sys.executable, "-m", "client", "predict", "digit.png", "--config", config,
+                                 "--token", "t"], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                                env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+        assert result.returncode == 2 and result.stdout == "", result.stderr
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(f"client: error: {config}: {reason}"), line

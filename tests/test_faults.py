@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from conftest import make_instance
 from hostile import OCTET, multipart, post, ready_pids, wait_for_workers
-from imagegen import user_digit_png
+from serving.samples import user_digit_png
 from PIL import Image
 
 from handler.artifacts import INDEX_FILE, LABELS_FILE, MODEL_FILE, sha256_file, verify_artifacts

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from imagegen import form_row, json_row, raw_row, user_digit_png
+from imagegen import form_row, json_row, raw_row
+from serving.samples import user_digit_png
 from ts.context import Context, RequestProcessor
 
 from handler.artifacts import LABELS_FILE, METADATA_FILE, ArtifactError

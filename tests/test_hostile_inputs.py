@@ -33,7 +33,7 @@ from hostile import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from imagegen import user_digit_png
+from serving.samples import user_digit_png
 from PIL import Image
 
 from handler.requests import RequestError, decode_request

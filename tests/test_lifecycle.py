@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 import pytest
 from conftest import make_instance
-from imagegen import user_digit_png
+from serving.samples import user_digit_png
 
 from client import AuthError, EmbeddingClient, LifecycleError, ManagementClient, ModelNotFoundError, UsageError, protos
 from client.lifecycle import lifecycle_properties, mar_manifest, write_lifecycle_config

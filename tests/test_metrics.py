@@ -14,7 +14,8 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from imagegen import png_bytes, user_digit_png
+from imagegen import png_bytes
+from serving.samples import user_digit_png
 
 from client import BadImageError, EmbeddingClient
 from handler.service import METRIC_NAMES

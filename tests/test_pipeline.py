@@ -239,13 +239,14 @@ def test_local_run_serves_the_new_archive(local_run, tmp_path):
 @pytest.mark.serving
 def test_local_deploy_replaces_the_running_server(local_run, tmp_path):
     from pipeline.local_serving import serve_archive
-    from serving.client import predict
+    from client import EmbeddingClient
 
     run, instance, _ = local_run
     before = instance.pid()
     served = serve_archive(run.outputs["archive"]["mar"].path, "embedding", instance.workdir, instance.config)
     assert served.pid() not in (None, before)
-    answer = predict(served.endpoints.inference, "embedding", served.keys()["inference"], _sample_png(tmp_path))
+    with EmbeddingClient(served.endpoints.inference, token=served.keys()["inference"]) as client:
+        answer = client.predict(_sample_png(tmp_path))
     assert ANSWER_KEYS <= set(answer)
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from imagegen import png_bytes, user_digit_png
+from imagegen import png_bytes
+from serving.samples import user_digit_png
 from PIL import Image, ImageDraw
 
 from client import EmbeddingClient

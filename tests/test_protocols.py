@@ -9,7 +9,8 @@ import re
 
 import numpy as np
 import pytest
-from imagegen import png_bytes, user_digit_png
+from imagegen import png_bytes
+from serving.samples import user_digit_png
 from test_handler import loaded, run_batch  # noqa: F401  (loaded is a fixture)
 
 from handler.protocols import MAX_IMAGES, image_count

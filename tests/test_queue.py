@@ -15,7 +15,7 @@ import numpy as np
 import pika
 import pytest
 from conftest import free_ports
-from imagegen import user_digit_png
+from serving.samples import user_digit_png
 
 from client import AuthError, BadImageError, ConnectionFailed, ModelNotFoundError, RequestTimeout, ServerError
 from handler.requests import RequestError
@@ -23,7 +23,7 @@ from queue_bridge import QueueClient, Topology
 from queue_bridge.backend import ModelBackend, Outcome, TokenSource, outcome_of
 from queue_bridge.bench import main as bench_main
 from queue_bridge.protocol import image_from_message
-from serving.client import predict
+from client import EmbeddingClient
 from settings import REPO
 
 SCRIPT = REPO / "scripts" / "rabbitmq.sh"
@@ -102,8 +102,15 @@ def digits(prepared_sample) -> list[bytes]:
 @pytest.fixture(scope="module")
 def direct(torchserve) -> Callable[[bytes], dict]:
     """The same image straight through TorchServe's REST API."""
-    url, token = torchserve.endpoints.inference, torchserve.keys()["inference"]
-    return lambda image: predict(url, torchserve.model_name, token, image)
+    rest = EmbeddingClient(torchserve.endpoints.inference, model=torchserve.model_name,
+                           token=torchserve.keys()["inference"], retries=0)
+
+    def answer(image: bytes) -> dict:
+        try:
+            return rest.predict(image)
+        except BadImageError as exc:
+            return exc.answer()
+    return answer
 
 
 @pytest.fixture

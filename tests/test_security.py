@@ -23,7 +23,7 @@ import pytest
 import yaml
 from conftest import running_instance
 from hostile import OCTET, png_claiming, post, post_oversized
-from imagegen import user_digit_png
+from serving.samples import user_digit_png
 from PIL import Image
 
 from handler.preprocessing import InvalidImageError, decode_image

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from imagegen import user_digit_png
+from serving.samples import user_digit_png
 
 from handler.preprocessing import preprocess
 from handler.service import EmbeddingService
