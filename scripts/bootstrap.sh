@@ -32,3 +32,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     -r requirements.lock -r requirements-test.txt -r requirements-bench.txt || die "pip install failed (see above)."
   echo "$want" > "$stamp"
 fi
+
+# TorchServe's gRPC stubs: generated from the installed TorchServe's protos into client/_grpc/ (never committed);
+# a no-op while they match the installed versions.
+.venv/bin/python -m client.protos >/dev/null || die "generating the gRPC stubs failed (see above)."

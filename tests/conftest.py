@@ -37,16 +37,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def grpc_stub_cache(tmp_path_factory):
-    """gRPC stubs generated into a temporary cache, not the user's ~/.cache."""
-    from client.protos import CACHE_ENV
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("grpc-stubs")))
-        yield
-
-
 @pytest.fixture(scope="session")
 def prepared_sample():
     """The bundled MNIST sample after the shared preprocessing (4,000 / 1,000 canvases)."""

@@ -4,7 +4,6 @@ required on both, and each failure is a typed error with a one-line CLI message 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 from serving.samples import user_digit_png
 
-from client import AuthError, BadImageError, EmbeddingClient, ModelNotFoundError, protos
+from client import AuthError, BadImageError, EmbeddingClient, ModelNotFoundError
 from client.tokens import Token
 from settings import REPO
 
@@ -124,8 +123,7 @@ def test_rest_and_grpc_refuse_an_image_with_the_same_message(clients):
 
 
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-            protos.CACHE_ENV: os.environ[protos.CACHE_ENV]}
+    base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "client", *args], capture_output=True, text=True, cwd=cwd,
                           env={**base, **(env or {})}, timeout=120)
 

@@ -14,7 +14,6 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -263,8 +262,11 @@ def test_an_unreadable_key_file_is_a_usage_error(tmp_path):
     assert caught.value.exit_code == 2
 
 
-def test_stub_generation_is_atomic_and_safe_to_race(tmp_path):
-    target = tmp_path / "stubs"
+def test_stub_generation_is_atomic_safe_to_race_and_replaces_stale_stubs(tmp_path):
+    target = tmp_path / "_grpc"
+    target.mkdir()
+    (target / protos.VERSIONS_FILE).write_text('{"torchserve": "0.0.1", "grpcio-tools": "0.0.1"}')
+    assert not protos.current(target)
     errors: list[BaseException] = []
 
     def generate() -> None:
@@ -279,24 +281,24 @@ def test_stub_generation_is_atomic_and_safe_to_race(tmp_path):
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(p.name for p in (target / protos.PACKAGE).iterdir()) == [
-        "__init__.py", "inference_pb2.py", "inference_pb2_grpc.py", "management_pb2.py", "management_pb2_grpc.py"]
-    assert [p.name for p in tmp_path.iterdir()] == ["stubs"]  # no partial directories left behind
-    assert "from google.rpc import status_pb2" in (target / protos.PACKAGE / "inference_pb2.py").read_text()
+    assert sorted(p.name for p in target.iterdir()) == [
+        "__init__.py", "inference_pb2.py", "inference_pb2_grpc.py", "management_pb2.py", "management_pb2_grpc.py",
+        protos.VERSIONS_FILE]
+    assert [p.name for p in tmp_path.iterdir()] == ["_grpc"]  # no partial directories left behind
+    assert protos.current(target)
+    assert f"from {protos.PACKAGE} import inference_pb2" in (target / "inference_pb2_grpc.py").read_text()
 
 
-def test_stubs_are_generated_on_first_use_into_a_cache_keyed_by_versions(tmp_path):
-    code = ("from client import protos; s = protos.load(); print(s.directory); "
-            "print(s.inference_pb2.PredictionsRequest(model_name='m', input={'data': b'x'}).input['data'])")
-    env = dict(os.environ, EMBEDDING_GRPC_CACHE=str(tmp_path), PYTHONPATH=str(REPO))
-    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
-    assert first.returncode == 0, first.stderr
-    directory = Path(first.stdout.splitlines()[0])
-    assert directory.parent == tmp_path and directory.name.startswith("torchserve-0.12.0-grpcio-tools-")
-    assert first.stdout.splitlines()[1] == "b'x'"
-    stamp = (directory / protos.PACKAGE / "inference_pb2.py").stat().st_mtime_ns
-    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
-    assert second.returncode == 0 and (directory / protos.PACKAGE / "inference_pb2.py").stat().st_mtime_ns == stamp
+def test_stubs_come_from_set_up_and_missing_ones_say_how_to_generate_them(tmp_path):
+    stubs = protos.load()  # ./scripts/bootstrap.sh generated them (test.sh runs it first)
+    assert stubs.directory == protos.STUB_DIR and protos.current()
+    assert stubs.inference_pb2.PredictionsRequest(model_name="m", input={"data": b"x"}).input["data"] == b"x"
+    code = "from client import protos; protos.STUB_DIR = __import__('pathlib').Path(%r); protos.load()"
+    missing = subprocess.run([sys.executable, "-c", code % str(tmp_path / "none")], capture_output=True, text=True,
+                             env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO)
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines()[-1].endswith(
+        f"StubError: TorchServe's gRPC stubs in {tmp_path / 'none'} are missing: {protos.HOW}")
 
 
 def test_answers_arrive_as_objects_or_json_text():

@@ -9,11 +9,9 @@ served them.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -117,8 +115,7 @@ def test_each_version_answers_default_switches_and_rolls_back(served, digit):
 
 def test_cli_switches_and_shows_the_default(served, tmp_path):
     instance, mgmt, _ = served
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           protos.CACHE_ENV: os.environ[protos.CACHE_ENV]}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     common = ["--url", instance.endpoints.management, "--key-file", str(instance.key_file)]
 
     def cli(*args: str) -> subprocess.CompletedProcess:
