@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for the helper modul
 
 import torch  # noqa: E402
 
-from serving.server import free_ports  # noqa: E402,F401  (re-exported for the tests)
+from support.torchserve import running_instance  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -69,28 +68,20 @@ def model_store(tmp_path_factory, tiny_artifacts) -> Path:
     return store
 
 
-def make_instance(workdir: Path, **overrides: str):
-    """An Instance with the project's config.properties on free loopback ports, in its own workdir."""
-    from serving.server import private_instance
-
-    return private_instance(workdir, **overrides)
-
-
-@contextlib.contextmanager
-def running_instance(workdir: Path, store: Path, **overrides: str):
-    """A private TorchServe (make_instance) serving `store`; stopped afterwards, even on failure."""
-    from serving.server import start, stop
-
-    instance = make_instance(workdir, **overrides)
-    try:
-        start(instance, store, timeout=120)
-        yield instance
-    finally:
-        stop(instance)
-
-
 @pytest.fixture(scope="session")
 def torchserve(tmp_path_factory, model_store):
     """A real TorchServe serving the tiny archive; stopped at the end of the session, even on failure."""
     with running_instance(tmp_path_factory.mktemp("torchserve"), model_store) as instance:
         yield instance
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_artifacts):
+    """The handler initialised on the tiny artifacts, with its TorchServe Context."""
+    from handler.embedding_handler import EmbeddingHandler
+    from support.handler_context import make_context
+
+    context = make_context(tiny_artifacts)
+    handler = EmbeddingHandler()
+    handler.initialize(context)
+    return handler, context

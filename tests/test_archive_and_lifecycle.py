@@ -13,12 +13,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import make_instance
+from serving.server import PID_FILE, ServerError, private_instance, start, stop
 
 from handler.artifacts import sha256_file
 from serving.archive import ArchiveError, build_mar
 from settings import REPO
-from serving.server import PID_FILE, ServerError, start, stop
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
 
@@ -95,7 +94,7 @@ def test_failed_build_leaves_previous_archive_intact(tiny_artifacts, tmp_path):
 
 @pytest.mark.serving
 def test_start_reports_a_taken_port_and_leaves_nothing_running(model_store, tmp_path):
-    instance = make_instance(tmp_path / "ts")
+    instance = private_instance(tmp_path / "ts")
     port = instance.endpoints.ports()["inference"]
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", port))
@@ -107,14 +106,14 @@ def test_start_reports_a_taken_port_and_leaves_nothing_running(model_store, tmp_
 
 @pytest.mark.serving
 def test_start_reports_missing_archive(tmp_path):
-    instance = make_instance(tmp_path / "ts")
+    instance = private_instance(tmp_path / "ts")
     with pytest.raises(ServerError, match="embedding.mar not found"):
         start(instance, tmp_path / "empty-store")
 
 
 @pytest.mark.serving
 def test_stop_leaves_no_process_and_start_recovers_from_a_killed_frontend(model_store, tmp_path):
-    instance = make_instance(tmp_path / "ts")
+    instance = private_instance(tmp_path / "ts")
     start(instance, model_store)
     frontend = psutil.Process(instance.pid())
     workers = frontend.children(recursive=True)

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 from serving.samples import user_digit_png
-from kserve_standin import KServeStandin
+from support.kserve_standin import KServeStandin
 
 from client import BadImageError, EmbeddingClient, ModelNotFoundError, UsageError
 from handler.service import EmbeddingService

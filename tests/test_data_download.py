@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from idx_fixtures import make_idx_dir
+from support.idx_fixtures import make_idx_dir
 
 from training.data import DataError, download, load_dataset
 from training.data.download import FILES, MIRRORS, download_mnist, load_idx_dir_from_cache

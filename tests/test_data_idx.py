@@ -6,7 +6,7 @@ import gzip
 
 import numpy as np
 import pytest
-from idx_fixtures import idx_bytes, make_idx_dir, write_idx
+from support.idx_fixtures import idx_bytes, make_idx_dir, write_idx
 
 from training.data import DataError, load_dataset
 from training.data.idx import IMAGES_MAGIC, LABELS_MAGIC, load_idx_dir, read_idx

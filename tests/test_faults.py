@@ -1,6 +1,6 @@
 """Faults: interrupted archiving and training, a worker killed under load, tampered artifacts, a short soak.
 
-Every TorchServe here is this module's own (make_instance / start / stop in try-finally). Interrupts land at
+Every TorchServe here is this module's own (private_instance / start / stop in try-finally). Interrupts land at
 a random point of the build (the seed is in the failure message).
 """
 
@@ -22,15 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_instance
-from hostile import OCTET, multipart, post, ready_pids, wait_for_workers
+from serving.server import private_instance, start, stop
+from support.hostile import OCTET, multipart, post, ready_pids, wait_for_workers
 from serving.samples import user_digit_png
 from PIL import Image
 
 from handler.artifacts import INDEX_FILE, LABELS_FILE, MODEL_FILE, sha256_file, verify_artifacts
 from handler.service import EmbeddingService
 from settings import CONFIG_FILE, REPO, read_properties
-from serving.server import start, stop
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
 CONCURRENCY = 4
@@ -149,7 +148,7 @@ def test_archive_sigint_leaves_the_previous_mar_and_cleans_up(tiny_artifacts, mo
 def fault_server(killed_archive, tmp_path_factory):
     """A TorchServe of this module's own, serving the .mar that survived the killed ./archive.sh."""
     workdir = tmp_path_factory.mktemp("fault-ts")
-    instance = make_instance(workdir, **private_tmp(workdir))
+    instance = private_instance(workdir, **private_tmp(workdir))
     try:
         start(instance, killed_archive.store, timeout=120)
         yield instance
@@ -423,7 +422,7 @@ def test_artifacts_swapped_from_another_run_are_refused(model_store, other_run, 
     with zipfile.ZipFile(model_store / "embedding.mar") as good:
         assert good.read(member) != (other_run / member).read_bytes()
     swapped_mar(model_store / "embedding.mar", store / f"{name}.mar", member, (other_run / member).read_bytes())
-    instance = make_instance(tmp_path / "ts", load_models=f"{name}={name}.mar", **private_tmp(tmp_path / "ts"))
+    instance = private_instance(tmp_path / "ts", load_models=f"{name}={name}.mar", **private_tmp(tmp_path / "ts"))
     try:
         result = subprocess.run(
             [sys.executable, "-m", "serving", "--config", str(instance.config), "--workdir", str(instance.workdir),

@@ -6,7 +6,7 @@ unless allow_unknown_current."""
 from __future__ import annotations
 
 import pytest
-from k8s_standin import KubernetesStandin, write_kubeconfig
+from support.k8s_standin import KubernetesStandin, write_kubeconfig
 
 from pipeline.gate import ANNOTATIONS, GateError, annotations_for, decide, report
 from pipeline.kserve import KServeTarget, deploy

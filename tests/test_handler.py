@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
-from imagegen import form_row, json_row, raw_row
+from support.imagegen import form_row, json_row, raw_row
 from serving.samples import user_digit_png
-from ts.context import Context, RequestProcessor
+from support.handler_context import make_context, run_batch
 
 from handler.artifacts import LABELS_FILE, METADATA_FILE, ArtifactError
 from handler.embedding_handler import EmbeddingHandler
@@ -19,27 +18,6 @@ from handler.preprocessing import preprocess
 from handler.service import EmbeddingService
 
 ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours", "model_version"}
-
-
-def make_context(model_dir: Path, handler_settings: dict | None = None, content_types: list[dict] | None = None):
-    context = Context("embedding", str(model_dir), {"model": {"modelVersion": "1.0"}}, 8, None, "0.12.0",
-                      model_yaml_config={"handler": handler_settings or {}})
-    return context
-
-
-def run_batch(handler: EmbeddingHandler, context: Context, rows: list[dict], headers: list[dict] | None = None):
-    context.request_processor = [RequestProcessor(h) for h in (headers or [{} for _ in rows])]
-    context.request_ids = {i: f"req-{i}" for i in range(len(rows))}
-    out = handler.handle(rows, context)
-    return [json.loads(o) for o in out], [context.get_response_status(i)[0] for i in range(len(rows))]
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_artifacts):
-    context = make_context(tiny_artifacts)
-    handler = EmbeddingHandler()
-    handler.initialize(context)
-    return handler, context
 
 
 @pytest.fixture(scope="module")

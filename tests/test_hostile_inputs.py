@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile import (
+from support.hostile import (
     CASES,
     Assets,
     HostileRequest,

@@ -19,10 +19,10 @@ import uuid
 
 import numpy as np
 import pytest
-from containers import build_images, engine_or_reason, http_get, post, start_predictor, wait_for_probe
-from imagegen import png_bytes
+from support.containers import build_images, engine_or_reason, http_get, post, start_predictor, wait_for_probe
+from support.imagegen import png_bytes
 from serving.samples import user_digit_png
-from s3server import client_env, files, kserve_download, s3_server
+from support.s3server import client_env, files, kserve_download, s3_server
 
 from client import BadImageError, EmbeddingClient
 from handler.service import EmbeddingService

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from containers import http_get
+from support.containers import http_get
 
 from pipeline.kserve import stage_layout
 from settings import REPO, read_properties, write_properties

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from s3server import client_env, files, kserve_download, s3_server
+from support.s3server import client_env, files, kserve_download, s3_server
 
 from pipeline.kserve import KServeError, KServeTarget, deploy
 

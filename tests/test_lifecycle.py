@@ -17,14 +17,13 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from conftest import make_instance
+from serving.server import Instance, private_instance, start, stop
 from serving.samples import user_digit_png
 
 from client import AuthError, EmbeddingClient, LifecycleError, ManagementClient, ModelNotFoundError, UsageError, protos
 from client.lifecycle import lifecycle_properties, mar_manifest, write_lifecycle_config
 from serving.archive import build_mar
 from settings import MODEL_CONFIG_FILE, REPO, read_properties
-from serving.server import Instance, start, stop
 
 pytestmark = pytest.mark.serving
 
@@ -57,7 +56,7 @@ def versions_store(tmp_path_factory, tiny_artifacts, model_store) -> Path:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, versions_store):
     """A TorchServe started with both versions (load_models) and a lifecycle config (model API on)."""
-    base = make_instance(tmp_path_factory.mktemp("lifecycle"))
+    base = private_instance(tmp_path_factory.mktemp("lifecycle"))
     config = write_lifecycle_config(base.workdir / "lifecycle.properties", base=base.config)
     instance = Instance(workdir=base.workdir, config=config)
     try:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from imagegen import png_bytes
+from support.imagegen import png_bytes
 from serving.samples import user_digit_png
 
 from client import BadImageError, EmbeddingClient

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_ports, make_instance
-from idx_fixtures import make_idx_dir
+from serving.server import Instance, free_ports, private_instance, start, stop
+from support.idx_fixtures import make_idx_dir
 
 from pipeline import params as P
 from pipeline.kserve import KServeError, KServeTarget, deploy
 from settings import MODEL_CONFIG_FILE, REPO, read_properties, with_ports, write_properties
-from serving.server import Instance, start, stop
 
 TASKS = {"load-data", "train", "build-index", "evaluate", "archive"}
 TINY = {"epochs": 1, "embedding_dim": 16, "width": 8}
@@ -174,7 +173,7 @@ def local_run(tmp_path_factory):
     from pipeline.local_run import run_local
 
     work = tmp_path_factory.mktemp("kfp-local")
-    instance = make_instance(work / "serve")
+    instance = private_instance(work / "serve")
     values = P.validate({**TINY, "min_accuracy": 0.5, "deploy_target": "local",
                          "serve_workdir": str(instance.workdir), "serve_config": str(instance.config)})
     try:
@@ -252,7 +251,7 @@ def test_local_deploy_replaces_the_running_server(local_run, tmp_path):
 
 def test_cli_run_local_gate_skips_deploy(tmp_path):
     make_idx_dir(tmp_path / "idx", n_train=300, n_test=100)
-    instance = make_instance(tmp_path / "serve")
+    instance = private_instance(tmp_path / "serve")
     proc = _cli("run-local", "--workdir", str(tmp_path / "out"), "--data-source", f"idx:{tmp_path / 'idx'}",
                 "--epochs", "1", "--embedding-dim", "8", "--width", "4", "--min-accuracy", "1.01",
                 "--serve-workdir", str(instance.workdir), "--serve-config", str(instance.config), cwd=tmp_path)

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from containers import build_images, engine_or_reason, post, start_predictor, wait_for_probe
-from s3server import client_env, files, kserve_download, s3_server
+from support.containers import build_images, engine_or_reason, post, start_predictor, wait_for_probe
+from support.s3server import client_env, files, kserve_download, s3_server
 
 from settings import REPO
 
@@ -147,7 +147,7 @@ def s3():
 
 @pytest.fixture(scope="module")
 def docker_host(images):
-    from podman_service import docker_api
+    from support.podman_service import docker_api
 
     started = time.monotonic()
     with docker_api(images) as host:

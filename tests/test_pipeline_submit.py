@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_ports
-from kfp_standin import API, KfpStandin
+from serving.server import free_ports
+from support.kfp_standin import API, KfpStandin
 
 from pipeline import images
 from pipeline import params as P

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from imagegen import png_bytes
+from support.imagegen import png_bytes
 from serving.samples import user_digit_png
 from PIL import Image, ImageDraw
 
@@ -332,7 +332,7 @@ def _wait(predicate, timeout: float, step: float = 0.5):
 @pytest.fixture(scope="module")
 def e2e_instance(tmp_path_factory, model_store):
     """A private TorchServe for this module alone: no traffic from other tests in its counters."""
-    from conftest import running_instance
+    from support.torchserve import running_instance
 
     with running_instance(tmp_path_factory.mktemp("ts-prometheus"), model_store) as instance:
         yield instance
@@ -420,7 +420,7 @@ def test_drift_alerts_fire_on_non_digits_and_stay_quiet_on_digits(e2e_instance, 
 @pytest.mark.serving
 @pytest.mark.prometheus
 def test_old_artifacts_without_baseline_still_serve_and_drift_says_so(tmp_path, tiny_artifacts, capsys):
-    from conftest import make_instance
+    from serving.server import private_instance
 
     from serving.archive import build_mar
     from serving.server import start, stop
@@ -433,7 +433,7 @@ def test_old_artifacts_without_baseline_still_serve_and_drift_says_so(tmp_path, 
     store = tmp_path / "store"
     store.mkdir()
     build_mar(old, store)
-    instance = make_instance(tmp_path / "ts")
+    instance = private_instance(tmp_path / "ts")
     try:
         start(instance, store, timeout=120)
         with EmbeddingClient(instance.endpoints.inference, token=instance.keys()["inference"]) as client:

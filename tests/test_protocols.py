@@ -9,9 +9,9 @@ import re
 
 import numpy as np
 import pytest
-from imagegen import png_bytes
+from support.imagegen import png_bytes
 from serving.samples import user_digit_png
-from test_handler import loaded, run_batch  # noqa: F401  (loaded is a fixture)
+from support.handler_context import run_batch
 
 from handler.protocols import MAX_IMAGES, image_count
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pika
 import pytest
-from conftest import free_ports
+from serving.server import free_ports
 from serving.samples import user_digit_png
 
 from client import AuthError, BadImageError, ConnectionFailed, ModelNotFoundError, RequestTimeout, ServerError

@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import running_instance
-from hostile import OCTET, png_claiming, post, post_oversized
+from support.torchserve import running_instance
+from support.hostile import OCTET, png_claiming, post, post_oversized
 from serving.samples import user_digit_png
 from PIL import Image
 

@@ -1,0 +1,1 @@
+"""Helpers the tests import: image generators, stand-ins for cluster APIs, private servers and containers."""
