@@ -54,3 +54,11 @@ def test_env_threads(monkeypatch, value, expected):
 def test_cache_root_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert settings.cache_root() == tmp_path / "mnist-embedding"
+
+
+def test_the_library_pixel_limit_is_the_served_one():
+    """handler/preprocessing.py keeps a default for offline callers (the handler inside a .mar cannot read the
+    repository's files); it must be the limit model-config.yaml gives the server."""
+    from handler.preprocessing import DEFAULT_MAX_PIXELS
+
+    assert settings.max_image_pixels() == DEFAULT_MAX_PIXELS
