@@ -23,7 +23,8 @@ TINY_EPOCHS = 2
 #: fixture, gets the marker, so `-m "not serving"` and `-m "not rabbitmq"` select by what a test really needs.
 #: (`server` is test_security's own TorchServe.)
 MARKER_FIXTURES = {
-    "serving": {"torchserve", "fault_server", "corpus_run", "served", "e2e_instance", "server"},
+    "serving": {"torchserve", "fault_server", "corpus_run", "served", "e2e_instance", "server", "local_run",
+                "killed_archive"},
     "rabbitmq": {"rabbitmq"},
 }
 

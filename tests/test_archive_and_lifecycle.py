@@ -38,6 +38,7 @@ def torchserve_processes(workdir: Path) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.serving
 def test_archive_sh_packs_handler_artifacts_and_config(tiny_artifacts, tmp_path):
     result = run_archive("--artifacts", str(tiny_artifacts), "--export-path", str(tmp_path), "--version", "2.0")
     assert result.returncode == 0, result.stderr
@@ -57,6 +58,7 @@ def test_archive_sh_packs_handler_artifacts_and_config(tiny_artifacts, tmp_path)
     (["--no-train", "--artifacts", "/nonexistent/artifacts"], "no training artifacts"),
     (["--model-name", "bad name!"], "invalid model name"),
 ])
+@pytest.mark.serving
 def test_archive_sh_fails_with_one_line(tmp_path, args, message, tiny_artifacts):
     if "--artifacts" not in args:
         args = [*args, "--artifacts", str(tiny_artifacts)]

@@ -132,6 +132,7 @@ def test_archive_sigkill_leaves_a_complete_mar_and_nothing_visible(killed_archiv
         assert run.returncode == 0 and version == "9.9", run.stderr  # finished before the random delay ran out
 
 
+@pytest.mark.serving
 def test_archive_sigint_leaves_the_previous_mar_and_cleans_up(tiny_artifacts, model_store, tmp_path, record_property):
     run = interrupt_archive(tiny_artifacts, model_store, tmp_path / "store", signal.SIGINT)
     record_property("interrupt", f"SIGINT after {run.delay:.2f}s: rc {run.returncode}")
