@@ -115,7 +115,7 @@ def _validator(api_version: str, kind: str) -> Draft4Validator | None:
             raise FileNotFoundError(f"{SCHEMA_DIR / OBJECT_META}.json")
         schema = {**schema, "properties": {**schema["properties"], "metadata": {"$ref": object_meta["$ref"]}},
                   "definitions": {**schema.get("definitions", {}), **object_meta["definitions"]}}
-    # Not check_schema()d here (0.6 s for the InferenceService): tests/test_manifests.py checks the stored files.
+    # Not check_schema()d here (0.6 s for the InferenceService): tests/unit/test_manifests.py checks the stored files.
     return Draft4Validator(_adapt(schema), format_checker=_FORMATS)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System packages the test suite uses beyond Java 17: wrk (the benchmark's HTTP load generator) and
 # podman, buildah, runc, mmdebstrap, uidmap (scripts/build-images.sh builds and runs the images without
-# a Docker daemon or registry), prometheus with promtool (deploy/prometheus/, tests/test_prometheus.py; installed
+# a Docker daemon or registry), prometheus with promtool (deploy/prometheus/, tests/integration/test_prometheus.py; installed
 # through scripts/prometheus.sh, which keeps Debian's own prometheus service off port 9090). RabbitMQ is
 # installed on demand by scripts/rabbitmq.sh.
 # Installs only what is missing, as root.

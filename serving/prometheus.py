@@ -137,7 +137,7 @@ def plot_run(url: str, start: float, end: float, out: Path, phases: Sequence[tup
         axes[2].annotate(name.replace("Embedding", ""), (when - start, 0.02), xycoords=("data", "axes fraction"),
                          rotation=90, fontsize=7, ha="right", va="bottom")
     axes[2].set_xlabel("seconds since the run started (windows 15 s, scrapes and evaluations every 1 s)")
-    fig.suptitle("End-to-end run: TorchServe scraped by Prometheus (tests/test_prometheus.py)", fontsize=10)
+    fig.suptitle("End-to-end run: TorchServe scraped by Prometheus (tests/integration/test_prometheus.py)", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)

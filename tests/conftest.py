@@ -29,8 +29,15 @@ MARKER_FIXTURES = {
 }
 
 
+#: Tests are laid out by kind; each directory's tests carry its name as a marker (`-m unit` runs in seconds).
+KINDS = ("unit", "integration", "e2e")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        kind = Path(str(item.fspath)).parent.name
+        if kind in KINDS:
+            item.add_marker(kind)
         used = set(getattr(item, "fixturenames", ()))
         for marker, fixtures in MARKER_FIXTURES.items():
             if used & fixtures:

@@ -1,5 +1,5 @@
 """`python -m pipeline compile|submit`: the explicit, digest-pinned image, and a submit through the real kfp
-client to a stand-in Kubeflow Pipelines API (tests/kfp_standin.py) that records every request."""
+client to a stand-in Kubeflow Pipelines API (tests/support/kfp_standin.py) that records every request."""
 
 import json
 import os

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from settings import REPO
 from PIL import Image
 
 pytestmark = pytest.mark.serving
 
-REPO = Path(__file__).resolve().parent.parent
 TOP_KEYS = {"schema_version", "mode", "started", "finished", "duration_s", "machine", "versions", "settings",
             "load_average", "data", "ceiling", "torchserve", "grpc", "peers", "cold_start", "gallery", "targets",
             "plots"}

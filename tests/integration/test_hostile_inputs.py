@@ -1,6 +1,6 @@
 """Hostile and unusual requests against a real TorchServe, and properties of request decoding.
 
-The corpus (tests/hostile.py) classifies every request as must-reject (4xx JSON error naming the problem)
+The corpus (tests/support/hostile.py) classifies every request as must-reject (4xx JSON error naming the problem)
 or must-accept (200, the same answer as the offline service); test ids say which.
 """
 

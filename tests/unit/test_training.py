@@ -14,6 +14,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
+
+from settings import REPO
 import torch
 from PIL import Image, ImageDraw
 
@@ -38,7 +40,6 @@ from training.model import EmbeddingNet
 from training.steps import load_model
 from training.train import TrainConfig, embed, train_model
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def quiet(_: str) -> None:

@@ -1,5 +1,5 @@
 """The no-regression gate and the deploy annotations, with the real `kubernetes` client talking to a
-Kubernetes API stand-in on loopback (tests/k8s_standin.py; no cluster runs here): first deploy, a better
+Kubernetes API stand-in on loopback (tests/support/k8s_standin.py; no cluster runs here): first deploy, a better
 model deploys and is annotated, a worse one is skipped, 403 / unreachable / unannotated fail on one line
 unless allow_unknown_current."""
 

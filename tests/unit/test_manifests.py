@@ -5,17 +5,17 @@ from __future__ import annotations
 import copy
 import gzip
 import json
-from pathlib import Path
 
 import pytest
+
+from settings import REPO as ROOT
 from jsonschema import Draft4Validator
 
 from pipeline.manifests import SCHEMA_DIR, ManifestError, _adapt, validate, validate_file
 
-ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 # deploy/prometheus holds Prometheus configs and rules (promtool checks them) and Prometheus Operator objects
-# without stored schemas: tests/test_prometheus.py checks those.
+# without stored schemas: tests/integration/test_prometheus.py checks those.
 PROMETHEUS = DEPLOY / "prometheus"
 DEPLOY_YAML = sorted(p for pattern in ("*.yaml", "*.yml") for p in DEPLOY.rglob(pattern)
                      if SCHEMA_DIR not in p.parents and PROMETHEUS not in p.parents)
