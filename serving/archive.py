@@ -10,7 +10,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from handler.artifacts import CHECKSUMMED, METADATA_FILE, MODEL_FILE, ArtifactError, sha256_file, verify_artifacts
+from handler.artifacts import (
+    METADATA_FILE,
+    MODEL_FILE,
+    ArtifactError,
+    artifact_files,
+    sha256_file,
+    verify_artifacts,
+)
 
 from .config import DEFAULT_ARTIFACTS, DEFAULT_MODEL_STORE, MODEL_CONFIG_FILE, MODEL_NAME, MODEL_VERSION, REPO
 
@@ -43,7 +50,7 @@ def build_mar(artifacts: Path, export_path: Path, model_name: str = MODEL_NAME, 
     if not model_name.replace("-", "").replace("_", "").isalnum():
         raise ArchiveError(f"invalid model name {model_name!r}: use letters, digits, '-' and '_'")
     try:
-        verify_artifacts(artifacts)
+        metadata = verify_artifacts(artifacts)
     except ArtifactError as exc:
         raise ArchiveError(str(exc)) from None
     if not Path(model_config).is_file():
@@ -52,7 +59,7 @@ def build_mar(artifacts: Path, export_path: Path, model_name: str = MODEL_NAME, 
     with tempfile.TemporaryDirectory(prefix=f".{model_name}-", dir=export_path) as tmp:
         extras = Path(tmp) / "extras"
         shutil.copytree(HANDLER_PACKAGE, extras / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        for name in (*CHECKSUMMED, METADATA_FILE):
+        for name in (*artifact_files(metadata), METADATA_FILE):
             if name != MODEL_FILE:
                 shutil.copy2(artifacts / name, extras / name)
         cmd = [
