@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import torch
 from imagegen import user_digit_png
 from test_handler import loaded, run_batch  # noqa: F401  (loaded is a fixture)
 
-from handler.artifacts import INDEX_FILE, LABELS_FILE, METADATA_FILE, MODEL_FILE, SOURCES_FILE
+from handler.artifacts import LABELS_FILE, METADATA_FILE, MODEL_FILE, SOURCES_FILE
 from handler.preprocessing import canvases_from_arrays, preprocess
 from handler.protocols import read_row
 from handler.requests import EMBEDDING_OPTION, RequestError, parse_option
