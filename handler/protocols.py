@@ -36,7 +36,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .preprocessing import CANVAS
-from .requests import EMBEDDING_OPTION, RequestError, decode_base64, decode_request, json_body, parse_option, split_option
+from .requests import (
+    EMBEDDING_OPTION,
+    RequestError,
+    decode_base64,
+    decode_request,
+    json_body,
+    parse_option,
+    split_option,
+)
 
 #: Most images one request may carry (larger requests get 413): one request must not monopolise a worker.
 MAX_IMAGES = 256
