@@ -69,7 +69,8 @@ def verify_artifacts(directory: Path) -> dict[str, Any]:
                 raise ArtifactError(f"{name}: SHA-256 does not match the one recorded in {METADATA_FILE} "
                                     "(artifact tampered with or mixed from another run)")
         elif path.exists():
-            raise ArtifactError(f"{path}: present but {METADATA_FILE} records no SHA-256 for it (added after training?)")
+            raise ArtifactError(f"{path}: present but {METADATA_FILE} records no SHA-256 for it "
+                                "(added after training?)")
     return metadata
 
 
