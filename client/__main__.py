@@ -1,4 +1,4 @@
-"""``python -m client``: classify images and manage model versions on TorchServe (or KServe).
+"""``python -m client``: classify or embed images and manage model versions on TorchServe (or KServe).
 
 Exit codes are listed in :mod:`client.errors` (0 ok, 2 usage, 3 token, 4 model not loaded, 5 image
 refused, 6 timeout, 7 cannot connect, 8 server error, 9 lifecycle operation refused; ``drift``: 10 drift
@@ -75,6 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--model-version", help="a specific version (default: the server's default version)")
     pr.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    em = sub.add_parser("embed", help="embeddings of images (files or folders) into an (N, dim) float32 .npy")
+    em.add_argument("images", nargs="+", metavar="IMAGE", help="image file, or a folder of images")
+    em.add_argument("--out", type=Path, required=True, help="the .npy to write; the file order goes beside it "
+                                                             "in <out stem>.files.json")
+    _common(em, management=False)
+    em.add_argument("--protocol", choices=("rest", "grpc", "v1", "v2"), default="rest",
+                    help="rest (TorchServe, default), grpc (TorchServe), v1/v2 (KServe)")
+    em.add_argument("--grpc", dest="protocol", action="store_const", const="grpc", help="TorchServe gRPC")
+    em.add_argument("--model-version", help="a specific version (default: the server's default version)")
+    em.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
+    em.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     pg = sub.add_parser("ping", help="check the server answers (and accepts the token)")
     _common(pg, management=False)
@@ -159,6 +171,77 @@ def _predict(args: argparse.Namespace) -> int:
     return worst
 
 
+def sidecar_path(out: Path) -> Path:
+    """Where ``embed`` lists the file order: ``embeddings.npy`` -> ``embeddings.files.json``."""
+    return out.with_name(f"{out.stem if out.suffix == '.npy' else out.name}.files.json")
+
+
+def _embed(args: argparse.Namespace) -> int:
+    """Every image's embedding, in the order given, or one error line and no output files."""
+    from .api import EmbeddingClient, default_url
+
+    if args.concurrency < 1:
+        raise UsageError("--concurrency must be at least 1")
+    out = Path(args.out)
+    if out.is_dir():
+        raise UsageError(f"--out {out}: is a directory")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: no such folder {out.parent}")
+    images = expand_images(args.images)
+    url = args.url or default_url(args.protocol, args.config)
+    token = _token("inference", args, url)
+    from tqdm import tqdm
+
+    vectors: dict[int, list[float]] = {}
+    versions: set[str] = set()
+    with EmbeddingClient(url, protocol=args.protocol, model=args.model, version=args.model_version, token=token,
+                         timeout=args.timeout, retries=args.retries) as client, \
+            tqdm(total=len(images), unit="img", file=sys.stderr, disable=True if args.no_progress else None,
+                 leave=False) as bar:
+        for index, result in client.predict_many(images, args.concurrency, on_done=bar.update, embedding=True):
+            if isinstance(result, BadImageError):  # leaving the loop cancels what is not sent yet
+                raise BadImageError(f"{images[index]}: {result}", result.status)
+            if isinstance(result, ClientError):
+                raise result
+            vectors[index] = result["embedding"]
+            if isinstance(result.get("model_version"), str):
+                versions.add(result["model_version"])
+    import numpy as np
+
+    if len({len(vector) for vector in vectors.values()}) != 1:
+        raise ClientError("the server answered embeddings of different lengths")
+    matrix = np.asarray([vectors[i] for i in range(len(images))], dtype=np.float32)
+    sidecar = {"files": [str(path) for path in images], "count": len(images), "dim": int(matrix.shape[1]),
+               "model": args.model, "model_version": versions.pop() if len(versions) == 1 else None}
+    write_embeddings(out, matrix, sidecar)
+    print(f"wrote {matrix.shape[0]} x {matrix.shape[1]} float32 embeddings to {out}; "
+          f"file order in {sidecar_path(out)}")
+    return 0
+
+
+def write_embeddings(out: Path, matrix: Any, sidecar: dict[str, Any]) -> None:
+    """The .npy (no pickle) and its sidecar, each written to a temporary file and renamed into place."""
+    import os
+    import tempfile
+
+    import numpy as np
+
+    targets = [(out, lambda fh: np.save(fh, matrix, allow_pickle=False)),
+               (sidecar_path(out), lambda fh: fh.write(json.dumps(sidecar, indent=1).encode()))]
+    temps: list[Path] = []
+    try:
+        for target, write in targets:
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+            temps.append(Path(name))
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+        for (target, _), temp in zip(targets[::-1], temps[::-1]):  # the sidecar first: an .npy always has one
+            os.replace(temp, target)
+    finally:
+        for temp in temps:
+            temp.unlink(missing_ok=True)
+
+
 def _ping(args: argparse.Namespace) -> int:
     from .api import EmbeddingClient, default_url
 
@@ -206,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "predict":
             return _predict(args)
+        if args.command == "embed":
+            return _embed(args)
         if args.command == "ping":
             return _ping(args)
         if args.command == "drift":

@@ -10,11 +10,11 @@ from .errors import BadImageError, ClientError
 ANSWER_KEYS = ("pred", "dist", "confidence", "unknown", "neighbours")
 
 
-def as_answer(item: Any) -> dict[str, Any]:
+def as_answer(item: Any, embedding: bool = False) -> dict[str, Any]:
     """One answer dict from a decoded JSON object or a JSON text (KServe envelopes carry answers as text).
 
     Raises BadImageError for the handler's ``{"error", "status"}`` answers and ClientError for anything
-    that is neither.
+    that is neither. ``embedding``: the embedding option was sent, so the answer must carry the vector.
     """
     if isinstance(item, (bytes, bytearray)):
         item = item.decode("utf-8", errors="replace")
@@ -28,7 +28,9 @@ def as_answer(item: Any) -> dict[str, Any]:
     if "error" in item:
         status = item.get("status")
         raise BadImageError(str(item["error"]), status if isinstance(status, int) else 400)
-    missing = [key for key in ANSWER_KEYS if key not in item]
+    missing = [key for key in (*ANSWER_KEYS, *(["embedding"] if embedding else [])) if key not in item]
+    if embedding and missing == ["embedding"]:
+        raise ClientError("the server answered without an embedding: its handler predates the embedding option")
     if missing:
         raise ClientError(f"unexpected answer (no {', '.join(missing)}): {json.dumps(item)[:120]}")
     return item

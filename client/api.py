@@ -17,8 +17,8 @@ Image = bytes | str | Path
 
 
 class Transport(Protocol):
-    def predict(self, image: bytes) -> dict[str, Any]: ...
-    def predict_batch(self, images: list[bytes]) -> list[dict[str, Any] | BadImageError]: ...
+    def predict(self, image: bytes, embedding: bool = False) -> dict[str, Any]: ...
+    def predict_batch(self, images: list[bytes], embedding: bool = False) -> list[dict[str, Any] | BadImageError]: ...
     def ping(self) -> str: ...
     def close(self) -> None: ...
 
@@ -89,16 +89,22 @@ class EmbeddingClient:
 
                 self.transport = KServeTransport(protocol, self.url, model, version, self.token, http)
 
-    def predict(self, image: Image) -> dict[str, Any]:
-        """The answer for one image (bytes or a path)."""
-        return self.transport.predict(read_image(image))
+    def predict(self, image: Image, *, embedding: bool = False) -> dict[str, Any]:
+        """The answer for one image (bytes or a path).
 
-    def predict_batch(self, images: Sequence[Image]) -> list[dict[str, Any] | BadImageError]:
+        ``embedding=True`` sends the request option: the answer also carries ``embedding`` (the vector)
+        and each neighbour's gallery ``id`` (plus ``file`` or ``dataset_index`` when training recorded it).
+        """
+        return self.transport.predict(read_image(image), embedding)
+
+    def predict_batch(self, images: Sequence[Image], *, embedding: bool = False
+                      ) -> list[dict[str, Any] | BadImageError]:
         """Answers in order; KServe sends all images in one request, TorchServe one request each."""
-        return self.transport.predict_batch([read_image(image) for image in images])
+        return self.transport.predict_batch([read_image(image) for image in images], embedding)
 
     def predict_many(self, images: Sequence[Image], concurrency: int = 4,
-                     on_done: Callable[[], None] | None = None) -> Iterator[tuple[int, dict[str, Any] | ClientError]]:
+                     on_done: Callable[[], None] | None = None, *, embedding: bool = False
+                     ) -> Iterator[tuple[int, dict[str, Any] | ClientError]]:
         """(index, answer or error) for each image, in completion order, ``concurrency`` requests in flight.
 
         Per-image errors are yielded, not raised, so the caller decides what stops the run; leaving
@@ -106,7 +112,7 @@ class EmbeddingClient:
         """
         def one(image: Image) -> dict[str, Any] | ClientError:
             try:
-                return self.predict(image)
+                return self.predict(image, embedding=embedding)
             except ClientError as exc:
                 return exc
 

@@ -19,6 +19,8 @@ from typing import Any
 import grpc
 from google.protobuf import empty_pb2
 
+from handler.requests import EMBEDDING_OPTION
+
 from . import protos
 from .answers import as_answer, predict_each
 from .errors import BadImageError, ClientError, ConnectionFailed, ModelNotFoundError, RequestTimeout, ServerError
@@ -86,13 +88,15 @@ class GrpcTransport:
         except grpc.RpcError as exc:
             raise self._error(exc) from None
 
-    def predict(self, image: bytes) -> dict[str, Any]:
+    def predict(self, image: bytes, embedding: bool = False) -> dict[str, Any]:
+        """Input ``{"data": image}``; with ``embedding`` also the option's field ``b"true"``."""
+        fields = {"data": image, **({EMBEDDING_OPTION: b"true"} if embedding else {})}
         request = self.stubs.inference_pb2.PredictionsRequest(model_name=self.model, model_version=self.version or "",
-                                                             input={"data": image})
-        return as_answer(self._call(self.stub.Predictions, request).prediction)
+                                                             input=fields)
+        return as_answer(self._call(self.stub.Predictions, request).prediction, embedding)
 
-    def predict_batch(self, images: list[bytes]) -> list[dict[str, Any] | BadImageError]:
-        return predict_each(self.predict, images)
+    def predict_batch(self, images: list[bytes], embedding: bool = False) -> list[dict[str, Any] | BadImageError]:
+        return predict_each(lambda image: self.predict(image, embedding), images)
 
     def ping(self) -> str:
         health = self._call(self.stub.Ping, empty_pb2.Empty()).health

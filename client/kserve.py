@@ -1,6 +1,7 @@
 """KServe's inference protocols: v1 (``:predict`` with instances) and Open Inference v2 (``/infer`` with tensors).
 
 v1 request ``{"instances": [{"data": "<base64 image>"}, ...]}``, answer ``{"predictions": [answer, ...]}``.
+Both protocols carry the embedding option in the request's ``parameters`` (``{"embedding": true}``).
 
 v2 request: one BYTES input tensor of shape [1] per image, named ``image-<i>``, whose element is the
 image's base64 text; answer: output tensors of datatype BYTES whose elements are the answers as JSON
@@ -21,6 +22,8 @@ import uuid
 from typing import Any, Sequence
 from urllib.parse import quote, urlsplit
 
+from handler.requests import EMBEDDING_OPTION
+
 from .answers import as_answer
 from .errors import BadImageError, ClientError, UsageError
 from .rest import Http, classify, parse_body
@@ -33,39 +36,44 @@ def _b64(image: bytes) -> str:
     return base64.b64encode(image).decode("ascii")
 
 
-def _item(item: Any) -> Result:
+def _item(item: Any, embedding: bool = False) -> Result:
     try:
-        return as_answer(item)
+        return as_answer(item, embedding)
     except BadImageError as exc:
         return exc
 
 
-def encode_v1(images: Sequence[bytes]) -> dict[str, Any]:
-    return {"instances": [{"data": _b64(image)} for image in images]}
+def _parameters(embedding: bool) -> dict[str, Any]:
+    return {"parameters": {EMBEDDING_OPTION: True}} if embedding else {}
 
 
-def decode_v1(body: Any, count: int) -> list[Result]:
+def encode_v1(images: Sequence[bytes], embedding: bool = False) -> dict[str, Any]:
+    return {"instances": [{"data": _b64(image)} for image in images], **_parameters(embedding)}
+
+
+def decode_v1(body: Any, count: int, embedding: bool = False) -> list[Result]:
     predictions = body.get("predictions") if isinstance(body, dict) else None
     if not isinstance(predictions, list):
         raise ClientError(f"not a KServe v1 answer (no predictions list): {str(body)[:120]}")
     if len(predictions) != count:
         raise ClientError(f"KServe v1 answer holds {len(predictions)} predictions for {count} instances")
-    return [_item(item) for item in predictions]
+    return [_item(item, embedding) for item in predictions]
 
 
 def input_names(count: int) -> list[str]:
     return [f"image-{i}" for i in range(count)]
 
 
-def encode_v2(images: Sequence[bytes], request_id: str | None = None) -> dict[str, Any]:
+def encode_v2(images: Sequence[bytes], request_id: str | None = None, embedding: bool = False) -> dict[str, Any]:
     return {
         "id": request_id or str(uuid.uuid4()),
         "inputs": [{"name": name, "shape": [1], "datatype": "BYTES", "data": [_b64(image)]}
                    for name, image in zip(input_names(len(images)), images, strict=True)],
+        **_parameters(embedding),
     }
 
 
-def decode_v2(body: Any, count: int) -> list[Result]:
+def decode_v2(body: Any, count: int, embedding: bool = False) -> list[Result]:
     outputs = body.get("outputs") if isinstance(body, dict) else None
     if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
         raise ClientError(f"not an Open Inference v2 answer (no outputs list): {str(body)[:120]}")
@@ -80,7 +88,7 @@ def decode_v2(body: Any, count: int) -> list[Result]:
         items = [element for output in outputs for element in output["data"]]
     if len(items) != count:
         raise ClientError(f"v2 answer holds {len(items)} answers for {count} images")
-    return [_item(item) for item in items]
+    return [_item(item, embedding) for item in items]
 
 
 class KServeTransport:
@@ -108,19 +116,21 @@ class KServeTransport:
     def where(self) -> str:
         return urlsplit(self.base_url).netloc or self.base_url
 
-    def predict_batch(self, images: Sequence[bytes]) -> list[Result]:
+    def predict_batch(self, images: Sequence[bytes], embedding: bool = False) -> list[Result]:
         """All images in one request; each image's answer, or its BadImageError, in order."""
-        payload = encode_v1(images) if self.protocol == "v1" else encode_v2(images)
+        payload = encode_v1(images, embedding) if self.protocol == "v1" else encode_v2(images, embedding=embedding)
         response = self.http.request("POST", self.url, json=payload,
                                      headers={"Content-Type": "application/json", **self.token.header()})
         body = parse_body(response)
         carries_answers = isinstance(body, dict) and ("predictions" in body or "outputs" in body)
         if response.status_code != 200 and not carries_answers:
             raise classify(response.status_code, body, self.token, self.where, self.model, self.version)
-        return decode_v1(body, len(images)) if self.protocol == "v1" else decode_v2(body, len(images))
+        if self.protocol == "v1":
+            return decode_v1(body, len(images), embedding)
+        return decode_v2(body, len(images), embedding)
 
-    def predict(self, image: bytes) -> dict[str, Any]:
-        (result,) = self.predict_batch([image])
+    def predict(self, image: bytes, embedding: bool = False) -> dict[str, Any]:
+        (result,) = self.predict_batch([image], embedding)
         if isinstance(result, BadImageError):
             raise result
         return result

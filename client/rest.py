@@ -15,6 +15,8 @@ from urllib.parse import quote, urlsplit
 import requests
 from requests.adapters import HTTPAdapter
 
+from handler.requests import EMBEDDING_OPTION
+
 from .answers import as_answer, predict_each
 from .errors import (
     AuthError,
@@ -152,16 +154,22 @@ class RestTransport:
     def where(self) -> str:
         return urlsplit(self.base_url).netloc or self.base_url
 
-    def predict(self, image: bytes) -> dict[str, Any]:
-        response = self.http.request("POST", self.url, data=image,
-                                     headers={"Content-Type": "application/octet-stream", **self.token.header()})
+    def predict(self, image: bytes, embedding: bool = False) -> dict[str, Any]:
+        """The raw image as the body; with ``embedding``, a form of the image and the option's text field
+        (TorchServe 0.12 does not pass query parameters to the handler)."""
+        if embedding:
+            request: dict[str, Any] = {"files": {"data": ("image", image, "application/octet-stream")},
+                                       "data": {EMBEDDING_OPTION: "true"}, "headers": self.token.header()}
+        else:
+            request = {"data": image, "headers": {"Content-Type": "application/octet-stream", **self.token.header()}}
+        response = self.http.request("POST", self.url, **request)
         body = parse_body(response)
         if response.status_code != 200:
             raise classify(response.status_code, body, self.token, self.where, self.model, self.version)
-        return as_answer(body)
+        return as_answer(body, embedding)
 
-    def predict_batch(self, images: list[bytes]) -> list[dict[str, Any] | BadImageError]:
-        return predict_each(self.predict, images)
+    def predict_batch(self, images: list[bytes], embedding: bool = False) -> list[dict[str, Any] | BadImageError]:
+        return predict_each(lambda image: self.predict(image, embedding), images)
 
     def ping(self) -> str:
         response = self.http.request("GET", f"{self.base_url}/ping", headers=self.token.header())

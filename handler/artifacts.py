@@ -11,8 +11,14 @@ MODEL_FILE = "model.pt"
 INDEX_FILE = "index.faiss"
 LABELS_FILE = "labels.json"
 METADATA_FILE = "metadata.json"
+#: Per gallery item, where training took it from: {"kind": "file" | "dataset_index", "ids": [...]}.
+SOURCES_FILE = "sources.json"
 #: Files whose SHA-256 metadata.json records and the handler verifies before loading anything.
 CHECKSUMMED = (MODEL_FILE, INDEX_FILE, LABELS_FILE)
+#: Checksummed when present: artifacts trained before sources.json existed load and serve without it.
+OPTIONAL_CHECKSUMMED = (SOURCES_FILE,)
+#: What a neighbour's source id is called in answers, per kind of sources.json.
+SOURCE_KEYS = {"file": "file", "dataset_index": "dataset_index"}
 
 
 class ArtifactError(Exception):
@@ -54,4 +60,42 @@ def verify_artifacts(directory: Path) -> dict[str, Any]:
                 f"{name}: SHA-256 {actual[:12]}… does not match {recorded[name][:12]}… recorded in {METADATA_FILE}"
                 " (artifact tampered with or mixed from another run)"
             )
+    for name in OPTIONAL_CHECKSUMMED:
+        path = directory / name
+        if name in recorded:
+            if not path.is_file():
+                raise ArtifactError(f"{path}: missing ({METADATA_FILE} records its SHA-256)")
+            if sha256_file(path) != recorded[name]:
+                raise ArtifactError(f"{name}: SHA-256 does not match the one recorded in {METADATA_FILE} "
+                                    "(artifact tampered with or mixed from another run)")
+        elif path.exists():
+            raise ArtifactError(f"{path}: present but {METADATA_FILE} records no SHA-256 for it "
+                                "(added after training?)")
     return metadata
+
+
+def artifact_files(metadata: dict[str, Any]) -> tuple[str, ...]:
+    """The checksummed files these artifacts hold: the required ones, and the optional ones they record."""
+    recorded = metadata.get("sha256", {})
+    return (*CHECKSUMMED, *(name for name in OPTIONAL_CHECKSUMMED if name in recorded))
+
+
+def read_sources(directory: Path, metadata: dict[str, Any], size: int) -> tuple[str, list[str | int]] | None:
+    """(kind, one id per gallery item) from a verified sources.json; None for artifacts without one."""
+    if SOURCES_FILE not in metadata.get("sha256", {}):
+        return None
+    path = Path(directory) / SOURCES_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{path}: cannot read ({exc})") from None
+    kind = data.get("kind") if isinstance(data, dict) else None
+    ids = data.get("ids") if isinstance(data, dict) else None
+    if kind not in SOURCE_KEYS or not isinstance(ids, list):
+        raise ArtifactError(f'{path}: expected {{"kind": "file" | "dataset_index", "ids": [...]}}')
+    if len(ids) != size:
+        raise ArtifactError(f"{path}: {len(ids)} ids for a gallery of {size} items")
+    wanted = str if kind == "file" else int
+    if not all(isinstance(i, wanted) and not isinstance(i, bool) for i in ids):
+        raise ArtifactError(f"{path}: {kind} ids must all be {wanted.__name__}s")
+    return kind, ids

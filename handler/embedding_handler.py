@@ -69,7 +69,8 @@ class EmbeddingHandler(BaseHandler):
 
     def inference(self, data, *args, **kwargs):
         items = [item for request in data for item in request.items]
-        answers, timings = self.service.answer(items)
+        embedding = [request.embedding for request in data for _ in request.items]
+        answers, timings = self.service.answer(items, embedding)
         return data, answers, timings
 
     def postprocess(self, data):

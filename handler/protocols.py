@@ -21,6 +21,9 @@ Errors: a body that is not a well-formed request of its protocol fails the whole
 ``{"error": ...}``). An image that cannot be used fails only itself: its place in ``predictions`` (v1)
 or its element of the output (v2) holds ``{"error": ..., "status": ...}`` and the others are answered.
 The HTTP status is 200 when any image was answered, else the first image's error status.
+
+The option :data:`handler.requests.EMBEDDING_OPTION` is read from a plain JSON body, a form or gRPC field,
+and from the request's ``parameters`` object in v1 and v2; an invalid value refuses the whole request (400).
 """
 
 from __future__ import annotations
@@ -33,7 +36,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .preprocessing import CANVAS
-from .requests import RequestError, decode_base64, decode_request, json_body
+from .requests import (
+    EMBEDDING_OPTION,
+    RequestError,
+    decode_base64,
+    decode_request,
+    json_body,
+    parse_option,
+    split_option,
+)
 
 #: Most images one request may carry (larger requests get 413): one request must not monopolise a worker.
 MAX_IMAGES = 256
@@ -51,6 +62,8 @@ class ProtocolRequest:
     inputs: list[tuple[str, int]] = field(default_factory=list)
     request_id: str | None = None
     error: RequestError | None = None  # the whole request is refused
+    #: Answers carry the embedding and the neighbours' gallery ids (the request option).
+    embedding: bool = False
 
 
 def detect(body: Any) -> str:
@@ -65,25 +78,56 @@ def detect(body: Any) -> str:
 
 def read_row(row: Mapping[str, Any], content_types: Mapping[str, str] | None = None) -> ProtocolRequest:
     """One TorchServe request row -> its images, whatever the route and format (never raises for bad input)."""
-    body = json_body(row, content_types)
-    if body is not None and detect(body) != "plain":
-        return parse(body)
     try:
-        return ProtocolRequest("plain", [decode_request(row, content_types)])
+        row, field_option = split_option(row)  # a form or gRPC field; never taken for the image
     except RequestError as exc:
         return ProtocolRequest("plain", [exc])
+    body = json_body(row, content_types)
+    if body is not None and detect(body) != "plain":
+        request = parse(body)
+        if request.error is None and field_option is not None:
+            try:
+                request.embedding = _combine(field_option, request_option(body))
+            except RequestError as exc:
+                request.error, request.items = exc, []
+        return request
+    try:
+        body_option = parse_option(body[EMBEDDING_OPTION]) if body is not None and EMBEDDING_OPTION in body else None
+        image = decode_request(row, content_types)
+        return ProtocolRequest("plain", [image], embedding=_combine(field_option, body_option))
+    except RequestError as exc:
+        return ProtocolRequest("plain", [exc])
+
+
+def _combine(*values: bool | None) -> bool:
+    """The option given in one or more places; places that disagree are a 400."""
+    given = {v for v in values if v is not None}
+    if len(given) > 1:
+        raise RequestError(f'"{EMBEDDING_OPTION}" is given twice with different values')
+    return given.pop() if given else False
+
+
+def request_option(body: Mapping[str, Any]) -> bool | None:
+    """The option from a v1/v2 body's ``parameters`` object; None when it is not given."""
+    parameters = body.get("parameters")
+    if parameters is None:
+        return None
+    if not isinstance(parameters, Mapping):
+        raise RequestError('"parameters" must be an object')
+    return parse_option(parameters[EMBEDDING_OPTION]) if EMBEDDING_OPTION in parameters else None
 
 
 def parse(body: Mapping[str, Any]) -> ProtocolRequest:
     """A parsed JSON body of protocol v1 or v2 -> its images (never raises for bad input)."""
     protocol = detect(body)
     try:
+        embedding = bool(request_option(body))
         if protocol == "v1":
-            return ProtocolRequest("v1", _v1_items(body))
+            return ProtocolRequest("v1", _v1_items(body), embedding=embedding)
         request_id = body.get("id")
         request_id = request_id if isinstance(request_id, str) else None
         items, inputs = _v2_items(body)
-        return ProtocolRequest("v2", items, inputs, request_id)
+        return ProtocolRequest("v2", items, inputs, request_id, embedding=embedding)
     except RequestError as exc:
         return ProtocolRequest(protocol, [], error=exc)
 

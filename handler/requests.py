@@ -5,6 +5,10 @@ Accepted forms:
 - a multipart form with the image in a file field (``curl -F data=@digit.png``),
 - JSON ``{"data": "<base64 image>"}`` with ``Content-Type: application/json``,
 - a row ``{"data": "<base64 image>"}`` as KServe's v1/v2 envelopes pass each instance.
+
+The request option :data:`EMBEDDING_OPTION` (off by default) adds the embedding and the neighbours' gallery
+ids to the answer. It travels as a JSON field beside ``data``, a multipart text field, a gRPC input field,
+or in KServe's ``parameters``; TorchServe 0.12 does not hand query-string parameters to the handler.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ from typing import Any, Mapping
 
 #: Field names tried first in multipart forms; any single file field is accepted otherwise.
 FORM_FIELDS = ("data", "file", "image", "body")
+
+#: The one name of the request option that returns the embedding and the neighbours' gallery ids.
+EMBEDDING_OPTION = "embedding"
+_TRUE, _FALSE = ("true", "1"), ("false", "0")
 
 
 class RequestError(ValueError):
@@ -107,6 +115,28 @@ def decode_request(row: Mapping[str, Any], content_types: Mapping[str, str] | No
         raise RequestError(f"form has several files ({', '.join(ascii(n) for n in sorted(files))}); "
                            "send one, named 'data'")
     raise RequestError("form has no image file field: use -F data=@image.png")
+
+
+def parse_option(value: Any) -> bool:
+    """The option's value: JSON true/false (or 1/0), or the text true/false/1/0 (any case) of a form or gRPC
+    field; anything else is a RequestError (400)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    text = bytes(value).decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
+    if isinstance(text, str) and text.strip().lower() in _TRUE + _FALSE:
+        return text.strip().lower() in _TRUE
+    shown = ascii(text)[:40] if isinstance(text, (str, int, float)) else f"of type {type(value).__name__}"
+    raise RequestError(f'invalid value {shown} for "{EMBEDDING_OPTION}": use true or false')
+
+
+def split_option(row: Mapping[str, Any]) -> tuple[dict[str, Any], bool | None]:
+    """The row without the option's field, and the field's value (None when absent)."""
+    if EMBEDDING_OPTION not in row:
+        return dict(row), None
+    rest = {name: value for name, value in row.items() if name != EMBEDDING_OPTION}
+    return rest, parse_option(row[EMBEDDING_OPTION])
 
 
 def _non_empty(data: bytes, field: str) -> bytes:

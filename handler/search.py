@@ -61,9 +61,10 @@ class GallerySearcher:
     def classify(self, embeddings: np.ndarray) -> list[dict[str, Any]]:
         """Answer per embedding: pred, dist, confidence, unknown and the k neighbours."""
         distances, ids = self.neighbours(embeddings)
-        return [self._answer(d, i) for d, i in zip(distances, ids)]
+        return [self.answer(d, i) for d, i in zip(distances, ids)]
 
-    def _answer(self, distances: np.ndarray, ids: np.ndarray) -> dict[str, Any]:
+    def answer(self, distances: np.ndarray, ids: np.ndarray) -> dict[str, Any]:
+        """The answer for one query's row of :meth:`neighbours` (its ``neighbours`` are the ids >= 0, in order)."""
         valid = ids >= 0  # approximate indexes may return fewer than k hits
         distances, ids = distances[valid], ids[valid]
         if ids.size == 0:

@@ -11,7 +11,15 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .artifacts import INDEX_FILE, LABELS_FILE, MODEL_FILE, ArtifactError, verify_artifacts
+from .artifacts import (
+    INDEX_FILE,
+    LABELS_FILE,
+    MODEL_FILE,
+    SOURCE_KEYS,
+    ArtifactError,
+    read_sources,
+    verify_artifacts,
+)
 from .preprocessing import DEFAULT_MAX_PIXELS, PREPROCESSING_VERSION, InvalidImageError, is_blank, preprocess
 from .requests import RequestError
 from .search import GallerySearcher
@@ -100,16 +108,41 @@ def error_answer(exc: RequestError | InvalidImageError) -> dict[str, Any]:
     return {"error": str(exc), "status": exc.status}
 
 
+def with_embedding(answer: dict[str, Any], embedding: np.ndarray, gallery_ids: np.ndarray,
+                   sources: tuple[str, Sequence[str | int]] | None = None) -> dict[str, Any]:
+    """The answer of the request option: each neighbour gets its gallery index ``id`` and, when training
+    recorded one, its source (``file`` or ``dataset_index``); the answer gets the ``embedding`` vector.
+
+    ``gallery_ids`` is the query's row of ``GallerySearcher.neighbours`` (-1 for missing hits, which the
+    answer's neighbours skip). Floats are float32 values written exactly (no rounding).
+    """
+    valid = [int(i) for i in gallery_ids if i >= 0]
+    if len(valid) != len(answer["neighbours"]):
+        raise ValueError(f"{len(answer['neighbours'])} neighbours in the answer for {len(valid)} gallery ids")
+    neighbours = []
+    for neighbour, gallery_id in zip(answer["neighbours"], valid):
+        item = {**neighbour, "id": gallery_id}
+        if sources is not None:
+            kind, ids = sources
+            item[SOURCE_KEYS[kind]] = ids[gallery_id]
+        neighbours.append(item)
+    return {**answer, "neighbours": neighbours,
+            "embedding": [float(v) for v in np.asarray(embedding, dtype=np.float32).ravel()]}
+
+
 class EmbeddingService:
     """Verified artifacts loaded once; answers a batch of image payloads with one forward and one search."""
 
     def __init__(self, model: torch.jit.ScriptModule, searcher: GallerySearcher, metadata: dict,
-                 device: str = "cpu", max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+                 device: str = "cpu", max_pixels: int = DEFAULT_MAX_PIXELS,
+                 sources: tuple[str, Sequence[str | int]] | None = None) -> None:
         self.model = model
         self.searcher = searcher
         self.metadata = metadata
         self.device = torch.device(device)
         self.max_pixels = max_pixels
+        #: (kind, id per gallery item) recorded by training; None for artifacts older than sources.json.
+        self.sources = sources
         probe = self.embed(np.zeros((1, 1, 28, 28), np.float32))  # warm-up, and a contract check
         if probe.shape[1] != searcher.dim:
             raise ArtifactError(f"model embeds into {probe.shape[1]} dimensions but the index holds {searcher.dim}")
@@ -133,15 +166,23 @@ class EmbeddingService:
             model_dir / INDEX_FILE, model_dir / LABELS_FILE, k=k or metadata["k"],
             threshold=metadata["threshold"], search_params=metadata["index"].get("search_params"),
         )
-        return cls(model, searcher, metadata, device, max_pixels)
+        sources = read_sources(model_dir, metadata, searcher.index.ntotal)
+        return cls(model, searcher, metadata, device, max_pixels, sources)
 
     @torch.inference_mode()
     def embed(self, batch: np.ndarray) -> np.ndarray:
         x = torch.from_numpy(batch).to(self.device)
         return self.model(x).float().cpu().numpy()
 
-    def answer(self, payloads: Sequence[bytes | np.ndarray | RequestError]) -> tuple[list[dict[str, Any]], BatchTimings]:
-        """One answer per payload (image bytes, or a 2-D uint8 image), in order; bad items get an error answer."""
+    def answer(self, payloads: Sequence[bytes | np.ndarray | RequestError],
+               embedding: Sequence[bool] | None = None) -> tuple[list[dict[str, Any]], BatchTimings]:
+        """One answer per payload (image bytes, or a 2-D uint8 image), in order; bad items get an error answer.
+
+        ``embedding[i]`` true: payload i's answer also carries its embedding and the neighbours' gallery ids
+        (:func:`with_embedding`); otherwise the answer is the plain one.
+        """
+        if embedding is not None and len(embedding) != len(payloads):
+            raise ValueError(f"{len(embedding)} embedding flags for {len(payloads)} payloads")
         timings = BatchTimings()
         answers: list[dict[str, Any] | None] = [None] * len(payloads)
         good, tensors = [], []
@@ -165,11 +206,14 @@ class EmbeddingService:
             embeddings = self.embed(np.stack(tensors))
             timings.embed = time.perf_counter() - started
             started = time.perf_counter()
-            results = self.searcher.classify(embeddings)
+            distances, ids = self.searcher.neighbours(embeddings)
+            results = [self.searcher.answer(d, g) for d, g in zip(distances, ids)]
             timings.search = time.perf_counter() - started
-            for i, tensor, result in zip(good, tensors, results):
+            for row, (i, tensor, result) in enumerate(zip(good, tensors, results)):
                 if is_blank(tensor):  # nothing to recognise: never a confident answer
                     result = {**result, "unknown": True}
+                if embedding is not None and embedding[i]:
+                    result = with_embedding(result, embeddings[row], ids[row], self.sources)
                 answers[i] = result
                 timings.unknown += result["unknown"]
                 timings.top1.append(result["dist"])

@@ -10,7 +10,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from handler.artifacts import CHECKSUMMED, METADATA_FILE, MODEL_FILE, ArtifactError, sha256_file, verify_artifacts
+from handler.artifacts import (
+    METADATA_FILE,
+    MODEL_FILE,
+    ArtifactError,
+    artifact_files,
+    sha256_file,
+    verify_artifacts,
+)
 
 from settings import (DEFAULT_ARTIFACTS, DEFAULT_DATA_SOURCE, DEFAULT_MODEL_STORE, MODEL_CONFIG_FILE, MODEL_NAME,
                       MODEL_VERSION, REPO, SettingsError, check_model_name)
@@ -46,7 +53,7 @@ def build_mar(artifacts: Path, export_path: Path, model_name: str = MODEL_NAME, 
     except SettingsError as exc:
         raise ArchiveError(str(exc)) from None
     try:
-        verify_artifacts(artifacts)
+        metadata = verify_artifacts(artifacts)
     except ArtifactError as exc:
         raise ArchiveError(str(exc)) from None
     if not Path(model_config).is_file():
@@ -55,7 +62,7 @@ def build_mar(artifacts: Path, export_path: Path, model_name: str = MODEL_NAME, 
     with tempfile.TemporaryDirectory(prefix=f".{model_name}-", dir=export_path) as tmp:
         extras = Path(tmp) / "extras"
         shutil.copytree(HANDLER_PACKAGE, extras / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        for name in (*CHECKSUMMED, METADATA_FILE):
+        for name in (*artifact_files(metadata), METADATA_FILE):
             if name != MODEL_FILE:
                 shutil.copy2(artifacts / name, extras / name)
         cmd = [

@@ -25,6 +25,8 @@ from handler.artifacts import (
     LABELS_FILE,
     METADATA_FILE,
     MODEL_FILE,
+    OPTIONAL_CHECKSUMMED,
+    SOURCES_FILE,
     sha256_file,
 )
 from handler.search import DEFAULT_K, GallerySearcher
@@ -42,7 +44,10 @@ METRICS_FILE = "metrics.json"
 
 @dataclass(frozen=True)
 class PreparedData:
-    """Canonical canvases (after the shared preprocessing) with labels and class names."""
+    """Canonical canvases (after the shared preprocessing) with labels and class names.
+
+    ``train_sources``/``source_kind``: where each training image came from (see :class:`Dataset`), or None.
+    """
 
     name: str
     train_x: np.ndarray
@@ -50,6 +55,8 @@ class PreparedData:
     test_x: np.ndarray
     test_y: np.ndarray
     classes: tuple[str, ...]
+    train_sources: np.ndarray | None = None
+    source_kind: str | None = None
 
     def inputs(self, split: str) -> np.ndarray:
         return preprocessing.normalize(self.train_x if split == "train" else self.test_x)
@@ -60,15 +67,18 @@ class PreparedData:
     def save(self, path: Path) -> None:
         """Plain .npz (no pickle), written atomically."""
         tmp = Path(path).with_suffix(".partial.npz")
+        sources = {} if self.train_sources is None else {"train_sources": self.train_sources,
+                                                         "source_kind": np.array(self.source_kind)}
         np.savez(tmp, name=np.array(self.name), train_x=self.train_x, train_y=self.train_y,
-                 test_x=self.test_x, test_y=self.test_y, classes=np.array(self.classes, dtype=str))
+                 test_x=self.test_x, test_y=self.test_y, classes=np.array(self.classes, dtype=str), **sources)
         tmp.replace(path)
 
     @classmethod
     def load(cls, path: Path) -> "PreparedData":
         with np.load(path, allow_pickle=False) as f:
+            sources = (f["train_sources"], str(f["source_kind"])) if "train_sources" in f.files else (None, None)
             return cls(str(f["name"]), f["train_x"], f["train_y"], f["test_x"], f["test_y"],
-                       tuple(str(c) for c in f["classes"]))
+                       tuple(str(c) for c in f["classes"]), *sources)
 
 
 def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | None = None) -> PreparedData:
@@ -81,6 +91,8 @@ def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | 
         preprocessing.canvases_from_arrays(ds.test_images),
         ds.test_labels.astype(np.int64),
         tuple(ds.classes),
+        ds.train_sources,
+        ds.source_kind,
     )
 
 
@@ -103,7 +115,8 @@ def load_model(path: Path) -> torch.jit.ScriptModule:
 
 def build_gallery(data: PreparedData, out: Path, index_type: str = "auto", seed: int = 0,
                   log: Callable[[str], None] = print) -> dict:
-    """Embed the training split with model.pt and write index.faiss, labels.json, index.json."""
+    """Embed the training split with model.pt and write index.faiss, labels.json, index.json, and
+    sources.json when the data names each image's source (gallery item i is training image i)."""
     model = load_model(out / MODEL_FILE)
     gallery = embed(model, data.inputs("train"))
     index_type = resolve_index_type(index_type, len(gallery))
@@ -117,8 +130,18 @@ def build_gallery(data: PreparedData, out: Path, index_type: str = "auto", seed:
         log(f"{index_type} index: recall@1 against exact search {info['recall_at_1']:.4f}")
     faiss.write_index(index, str(out / INDEX_FILE))
     (out / LABELS_FILE).write_text(json.dumps([data.classes[y] for y in data.train_y]))
+    sources = out / SOURCES_FILE
+    if data.train_sources is not None and len(data.train_sources) == len(data.train_y):
+        sources.write_text(json.dumps({"kind": data.source_kind, "ids": data.train_sources.tolist()}))
+    else:
+        sources.unlink(missing_ok=True)  # never a stale one from an earlier build of this directory
     (out / INDEX_INFO_FILE).write_text(json.dumps(info, indent=2))
     return info
+
+
+def present_optional(out: Path) -> list[str]:
+    """The optional checksummed artifacts this build wrote (sources.json)."""
+    return [name for name in OPTIONAL_CHECKSUMMED if (out / name).is_file()]
 
 
 def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plots: bool = True,
@@ -156,7 +179,7 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
         "training": {key: train_info[key] for key in ("config", "train_seconds", "torchscript_max_abs_diff")},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "faiss": faiss.__version__, "numpy": np.__version__},
-        "sha256": {name: sha256_file(out / name) for name in CHECKSUMMED},
+        "sha256": {name: sha256_file(out / name) for name in (*CHECKSUMMED, *present_optional(out))},
     }
     (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
     return metadata

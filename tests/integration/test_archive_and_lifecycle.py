@@ -47,7 +47,7 @@ def test_archive_sh_packs_handler_artifacts_and_config(tiny_artifacts, tmp_path)
     with zipfile.ZipFile(mar) as archive:
         names = set(archive.namelist())
         manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
-    assert {"model.pt", "index.faiss", "labels.json", "metadata.json", "model-config.yaml",
+    assert {"model.pt", "index.faiss", "labels.json", "sources.json", "metadata.json", "model-config.yaml",
             "embedding_handler.py", "handler/preprocessing.py", "handler/search.py"} <= names
     assert manifest["model"]["modelVersion"] == "2.0"
     assert manifest["model"]["handler"] == "embedding_handler.py"

@@ -190,3 +190,62 @@ def test_cli_errors_are_one_line_with_their_exit_code(torchserve, image_folder, 
     assert result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("client: error: ") and message in line
+
+
+@pytest.fixture(scope="module")
+def offline_embeddings(tiny_artifacts, digits) -> np.ndarray:
+    from handler.service import EmbeddingService
+
+    service = EmbeddingService.from_dir(tiny_artifacts)
+    answers, _ = service.answer(digits, [True] * len(digits))
+    return np.asarray([a["embedding"] for a in answers], dtype=np.float32)
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc", "v1", "v2"])
+def test_every_protocol_returns_the_embedding_and_neighbour_ids(torchserve, digits, offline_embeddings, protocol):
+    token = torchserve.keys()["inference"]
+    with EmbeddingClient(url_for(torchserve, protocol), protocol=protocol, token=token) as client:
+        with_option = [client.predict(png, embedding=True) for png in digits[:4]]
+        without = client.predict(digits[0])
+    np.testing.assert_allclose([a["embedding"] for a in with_option], offline_embeddings[:4], atol=1e-6)
+    assert all({"id", "dataset_index"} <= set(n) for a in with_option for n in a["neighbours"])
+    assert "embedding" not in without and set(without["neighbours"][0]) == {"label", "dist"}
+    assert [{"label": n["label"], "dist": n["dist"]} for n in with_option[0]["neighbours"]] == without["neighbours"]
+
+
+@pytest.mark.parametrize("protocol", ["rest", "grpc"])
+def test_cli_embed_writes_the_npy_and_the_file_order(torchserve, image_folder, tmp_path, offline_embeddings,
+                                                     protocol):
+    out = tmp_path / "embeddings.npy"
+    extra = image_folder / "digit_3.png"
+    result = run_cli("embed", str(image_folder), str(extra), "--out", str(out), "--url", url_for(torchserve, protocol),
+                     "--key-file", str(torchserve.key_file), *(["--grpc"] if protocol == "grpc" else []), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    matrix = np.load(out, allow_pickle=False)
+    assert matrix.dtype == np.float32 and matrix.shape == (11, 32)
+    np.testing.assert_allclose(matrix, np.vstack([offline_embeddings, offline_embeddings[3:4]]), atol=1e-6)
+    sidecar = json.loads((tmp_path / "embeddings.files.json").read_text())
+    assert sidecar["files"] == [str(image_folder / f"digit_{d}.png") for d in range(10)] + [str(extra)]
+    assert sidecar["dim"] == 32 and sidecar["model_version"] == "1.0"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["embeddings.files.json", "embeddings.npy"]
+
+
+@pytest.mark.parametrize("case,code,message", [
+    ("refused image", 5, "broken.png: not an image Pillow can read"),
+    ("missing file", 2, "nope.png: no such file or folder"),
+    ("no token", 3, "no token sent"),
+])
+def test_cli_embed_failure_is_one_line_and_writes_nothing(torchserve, image_folder, tmp_path, case, code, message):
+    work = tmp_path / "work"
+    work.mkdir()
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"garbage")
+    images = {"refused image": [str(image_folder), str(bad)], "missing file": [str(tmp_path / "nope.png")],
+              "no token": [str(image_folder)]}[case]
+    keys = [] if case == "no token" else ["--key-file", str(torchserve.key_file)]
+    result = run_cli("embed", *images, "--out", str(work / "e.npy"), "--url", torchserve.endpoints.inference, *keys,
+                     "--no-progress", cwd=tmp_path)
+    assert result.returncode == code, (result.stdout, result.stderr)
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("client: error: ") and message in line
+    assert result.stdout == "" and list(work.iterdir()) == []

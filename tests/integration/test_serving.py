@@ -149,3 +149,58 @@ def test_request_over_size_limit_is_refused_before_the_body_is_read(endpoint):
         sock.sendall(b"\0" * 65536)
         status_line = sock.makefile("rb").readline().decode()
     assert status_line.split()[1] == "413", status_line
+
+
+@pytest.fixture(scope="module")
+def offline_with_embedding(tiny_artifacts, digits):
+    service = EmbeddingService.from_dir(tiny_artifacts)
+    return service.answer(digits[:3], [True] * 3)[0]
+
+
+def test_embedding_option_as_a_json_field_and_a_form_field(endpoint, digits, offline_with_embedding):
+    url, token = endpoint
+    for png, expected in zip(digits[:3], offline_with_embedding):
+        form_body, form_type = multipart("data", "digit.png", png)
+        boundary = form_type.split("boundary=")[1]
+        form_body = form_body.replace(f"--{boundary}--".encode(), (
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"embedding\"\r\n\r\ntrue\r\n"
+            f"--{boundary}--").encode())
+        forms = {
+            "json": (json.dumps({"data": base64.b64encode(png).decode(), "embedding": True}).encode(),
+                     {"Content-Type": "application/json"}),
+            "form": (form_body, {"Content-Type": form_type}),
+        }
+        for form, (body, headers) in forms.items():
+            status, answer = call(url, body, token, headers)
+            assert status == 200, (form, answer)
+            np.testing.assert_allclose(answer["embedding"], expected["embedding"], atol=1e-6)
+            assert [(n["id"], n["dataset_index"], n["label"]) for n in answer["neighbours"]] == \
+                [(n["id"], n["dataset_index"], n["label"]) for n in expected["neighbours"]], form
+
+
+def test_torchserve_drops_query_parameters_so_the_option_is_not_a_query_parameter(endpoint, digits):
+    """Checked against TorchServe 0.12: the handler never sees ?embedding=true, so the answer is the plain one
+    (README says to use the JSON or form field)."""
+    url, token = endpoint
+    status, answer = call(f"{url}?embedding=true", digits[1], token, {"Content-Type": "application/octet-stream"})
+    assert status == 200 and "embedding" not in answer and set(answer["neighbours"][0]) == {"label", "dist"}
+
+
+@pytest.mark.parametrize("value", ['"maybe"', "2", "null"])
+def test_invalid_option_value_is_a_400_with_a_json_message(endpoint, digits, value):
+    url, token = endpoint
+    body = f'{{"data": "{base64.b64encode(digits[2]).decode()}", "embedding": {value}}}'.encode()
+    status, answer = call(url, body, token, {"Content-Type": "application/json"})
+    assert status == 400 and answer["status"] == 400 and '"embedding"' in answer["error"]
+
+
+def test_embedding_option_on_the_v2_route(torchserve, digits, offline_with_embedding):
+    url = f"{torchserve.endpoints.inference}/v2/models/{torchserve.model_name}/infer"
+    body = {"inputs": [{"name": "image-0", "shape": [1], "datatype": "BYTES",
+                        "data": [base64.b64encode(digits[0]).decode()]}], "parameters": {"embedding": True}}
+    status, answer = call(url, json.dumps(body).encode(), torchserve.keys()["inference"],
+                          {"Content-Type": "application/json"})
+    assert status == 200, answer
+    got = json.loads(answer["outputs"][0]["data"][0])
+    np.testing.assert_allclose(got["embedding"], offline_with_embedding[0]["embedding"], atol=1e-6)
+    assert [n["id"] for n in got["neighbours"]] == [n["id"] for n in offline_with_embedding[0]["neighbours"]]

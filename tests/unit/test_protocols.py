@@ -202,3 +202,37 @@ def test_protocol_requests_batch_with_plain_requests(loaded, canvases):
                                           ([2, 2, 784], None), ([28], None)])
 def test_accepted_tensor_shapes(shape, count):
     assert image_count(shape) == count
+
+
+def test_v2_parameters_embedding_adds_the_embedding_and_gallery_ids(loaded, canvases, tiny_artifacts):
+    from handler.service import EmbeddingService
+
+    pngs = [user_digit_png(c) for c in canvases[:3]]
+    tensor = {"name": "images", "datatype": "BYTES", "shape": [3], "data": [b64(p) for p in pngs]}
+    status, body = ask(loaded, {"id": "r1", "inputs": [tensor], "parameters": {"embedding": True}})
+    assert status == 200 and body["id"] == "r1"
+    answers = [json.loads(t) for t in body["outputs"][0]["data"]]
+    service = EmbeddingService.from_dir(tiny_artifacts)
+    expected, _ = service.answer(pngs, [True] * 3)
+    np.testing.assert_allclose([a["embedding"] for a in answers], [e["embedding"] for e in expected], atol=1e-6)
+    assert [[n["id"] for n in a["neighbours"]] for a in answers] == \
+        [[n["id"] for n in e["neighbours"]] for e in expected]
+    assert all(isinstance(n["dataset_index"], int) for a in answers for n in a["neighbours"])
+    plain = [json.loads(t) for t in ask(loaded, {"inputs": [tensor]})[1]["outputs"][0]["data"]]
+    assert all("embedding" not in a and set(a["neighbours"][0]) == {"label", "dist"} for a in plain)
+
+
+def test_v1_parameters_embedding(loaded, canvases):
+    png = user_digit_png(canvases[4])
+    status, body = ask(loaded, {"instances": [{"data": b64(png)}], "parameters": {"embedding": "true"}})
+    (answer,) = body["predictions"]
+    assert status == 200 and len(answer["embedding"]) == 32 and "id" in answer["neighbours"][0]
+
+
+@pytest.mark.parametrize("body", [
+    {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["AA=="]}], "parameters": {"embedding": 3}},
+    {"instances": [{"data": "AA=="}], "parameters": "embedding"},
+])
+def test_invalid_embedding_parameter_is_a_400_for_the_whole_request(loaded, body):
+    status, answer = ask(loaded, body)
+    assert status == 400 and set(answer) == {"error", "status"} and answer["status"] == 400

