@@ -1,6 +1,11 @@
-"""TorchServe entry point: wires TorchServe's context to :class:`handler.service.EmbeddingService`.
+"""The TorchServe adapter: TorchServe's context and stages wired to the framework-free core.
 
-Settings come from the ``handler:`` section of model-config.yaml (k, max_image_pixels, threads).
+The core (:mod:`handler.preprocessing`, :mod:`handler.requests`, :mod:`handler.protocols`, :mod:`handler.search`,
+:mod:`handler.artifacts`, :mod:`handler.service`) never imports ``ts``; training, the benchmarks, the queue bridge
+and the KServe path use it directly. This module and :mod:`handler.ts_metrics` are the only ones that know
+TorchServe: its Context, its metrics cache, and the workarounds for its 0.12 frontend. BaseHandler.handle runs
+the stages (and records HandlerTime); each stage here does what its name says. Settings come from the
+``handler:`` section of model-config.yaml (max_image_pixels, threads).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.artifacts import ArtifactError
 from handler.preprocessing import DEFAULT_MAX_PIXELS
 from handler.protocols import encode, read_row
-from handler.service import EmbeddingService, baseline_values, record_baseline, record_metrics
+from handler.service import EmbeddingService
+from handler.ts_metrics import baseline_values, record_baseline, record_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -65,16 +71,29 @@ class EmbeddingHandler(BaseHandler):
                     meta["metrics"]["accuracy"], torch.get_num_threads())
 
     def preprocess(self, data):
-        return [read_row(row, self._content_types(idx, row)) for idx, row in enumerate(data)]
+        """Rows -> requests (TorchServe, JSON, form and KServe bodies) -> image tensors, as training made them."""
+        requests = [read_row(row, self._content_types(idx, row)) for idx, row in enumerate(data)]
+        prepared = self.service.prepare([item for request in requests for item in request.items])
+        return requests, prepared
 
     def inference(self, data, *args, **kwargs):
-        items = [item for request in data for item in request.items]
-        embedding = [request.embedding for request in data for _ in request.items]
-        answers, timings = self.service.answer(items, embedding)
-        return data, answers, timings
+        """One forward pass and one gallery search for the whole batch."""
+        requests, prepared = data
+        embedding = [request.embedding for request in requests for _ in request.items]
+        answers, timings = self.service.predict(prepared, embedding)
+        return requests, answers, timings
 
     def postprocess(self, data):
-        requests, answers, _ = data
+        """The per-batch log line and metrics, then one JSON answer (and status) per request."""
+        requests, answers, timings = data
+        ids = ",".join((self.context.request_ids or {}).values())
+        logger.info("batch=%d rejected=%d unknown=%d preprocess_ms=%.2f embed_ms=%.2f search_ms=%.2f images=%d "
+                    "pid=%d ids=%s", len(requests), timings.rejected, timings.unknown, 1e3 * timings.preprocess,
+                    1e3 * timings.embed, 1e3 * timings.search, len(answers), os.getpid(), ids)
+        if self.context.metrics is not None:
+            record_metrics(self.context.metrics, len(answers), timings)
+            if time.monotonic() - self._baseline_sent >= BASELINE_REFRESH_S:
+                self._send_baseline(self.context)
         # Behind a KServe envelope the rows are the instances of one request, not one row per request:
         # per-request status and headers only apply when each row is its own request.
         per_request = len(requests) == len(self.context.request_ids or {})
@@ -99,19 +118,6 @@ class EmbeddingHandler(BaseHandler):
                     self.context.set_response_header(idx, "ts_stream_next", "false")
             out.append(json.dumps(body))
         return out
-
-    def handle(self, data, context):
-        self.context = context
-        requests, answers, timings = self.inference(self.preprocess(data))
-        ids = ",".join((context.request_ids or {}).values())
-        logger.info("batch=%d rejected=%d unknown=%d preprocess_ms=%.2f embed_ms=%.2f search_ms=%.2f images=%d "
-                    "pid=%d ids=%s", len(data), timings.rejected, timings.unknown, 1e3 * timings.preprocess,
-                    1e3 * timings.embed, 1e3 * timings.search, len(answers), os.getpid(), ids)
-        if context.metrics is not None:
-            record_metrics(context.metrics, len(answers), timings)
-            if time.monotonic() - self._baseline_sent >= BASELINE_REFRESH_S:
-                self._send_baseline(context)
-        return self.postprocess((requests, answers, timings))
 
     def _send_baseline(self, context) -> None:
         if self._baseline and getattr(context, "metrics", None) is not None:

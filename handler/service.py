@@ -39,69 +39,14 @@ class BatchTimings:
     top1: list[float] = field(default_factory=list)
 
 
-#: Custom metrics the handler emits per batch (on the Prometheus endpoint with model_metrics_auto_detect).
-#: EmbeddingAnsweredImages and EmbeddingTop1DistanceSum are counters: rate(sum) / rate(answered) is the exact
-#: mean top-1 distance over a window, and rate(unknown) / rate(answered) the unknown-answer ratio.
-METRIC_NAMES = ("EmbeddingPreprocessMs", "EmbeddingInferenceMs", "EmbeddingSearchMs", "EmbeddingBatchSize",
-                "EmbeddingTop1Distance", "EmbeddingUnknownAnswers", "EmbeddingRejectedInputs",
-                "EmbeddingAnsweredImages", "EmbeddingTop1DistanceSum")
+@dataclass
+class Prepared:
+    """A batch after preprocessing: answers so far (errors for refused payloads), tensors of the good ones."""
 
-#: The drift baseline of the loaded model (metadata.json "drift_baseline"), exposed as gauges so alerts
-#: compare live traffic with the model being served; absent for artifacts trained before it existed.
-BASELINE_METRICS = {
-    "EmbeddingBaselineTop1DistanceMean": ("top1_distance", "mean"),
-    "EmbeddingBaselineTop1DistanceP50": ("top1_distance", "p50"),
-    "EmbeddingBaselineTop1DistanceP90": ("top1_distance", "p90"),
-    "EmbeddingBaselineTop1DistanceP99": ("top1_distance", "p99"),
-    "EmbeddingBaselineUnknownRate": ("unknown_rate", None),
-}
-
-
-def record_metrics(metrics: Any, batch_size: int, timings: BatchTimings) -> None:
-    """Write one batch's figures to TorchServe's metrics cache (ts.metrics.metric_cache_abstract API)."""
-    from ts.metrics.metric_type_enum import MetricTypes
-
-    preprocess_ms, inference_ms, search_ms = (1e3 * timings.preprocess, 1e3 * timings.embed, 1e3 * timings.search)
-    metrics.add_time("EmbeddingPreprocessMs", preprocess_ms)
-    metrics.add_time("EmbeddingInferenceMs", inference_ms)
-    metrics.add_time("EmbeddingSearchMs", search_ms)
-    metrics.add_metric("EmbeddingBatchSize", batch_size, "count", metric_type=MetricTypes.GAUGE)
-    if timings.top1:
-        metrics.add_metric("EmbeddingTop1Distance", float(np.mean(timings.top1)), "distance",
-                           metric_type=MetricTypes.GAUGE)
-    metrics.add_counter("EmbeddingUnknownAnswers", timings.unknown)
-    metrics.add_counter("EmbeddingRejectedInputs", timings.rejected)
-    answered = [d for d in timings.top1 if d is not None]
-    metrics.add_counter("EmbeddingAnsweredImages", len(answered))
-    metrics.add_counter("EmbeddingTop1DistanceSum", float(sum(answered)))
-
-
-def baseline_values(metadata: dict) -> dict[str, float]:
-    """{metric name: value} from metadata.json's drift baseline; empty when the artifacts have none (or a
-    malformed one)."""
-    baseline = metadata.get("drift_baseline")
-    if not isinstance(baseline, dict):
-        return {}
-    values = {}
-    for name, (key, sub) in BASELINE_METRICS.items():
-        value = baseline.get(key)
-        if sub is not None:
-            value = value.get(sub) if isinstance(value, dict) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
-            values[name] = float(value)
-    return values if len(values) == len(BASELINE_METRICS) else {}  # all or nothing: alerts need every figure
-
-
-def record_baseline(metrics: Any, model_name: str, values: dict[str, float]) -> None:
-    """Set the baseline gauges. Explicit ModelName/Level dimensions: outside a batch (at initialize)
-    TorchServe's cache would otherwise label them Level=Error without ModelName."""
-    from ts.metrics.dimension import Dimension
-    from ts.metrics.metric_type_enum import MetricTypes
-
-    for name, value in values.items():
-        metrics.add_metric(name, value, "distance" if "Distance" in name else "ratio",
-                           dimensions=[Dimension("ModelName", model_name), Dimension("Level", "Model")],
-                           metric_type=MetricTypes.GAUGE)
+    answers: list[dict[str, Any] | None]
+    good: list[int] = field(default_factory=list)
+    tensors: list[np.ndarray] = field(default_factory=list)
+    timings: BatchTimings = field(default_factory=BatchTimings)
 
 
 def error_answer(exc: RequestError | InvalidImageError) -> dict[str, Any]:
@@ -174,42 +119,44 @@ class EmbeddingService:
         x = torch.from_numpy(batch).to(self.device)
         return self.model(x).float().cpu().numpy()
 
-    def answer(self, payloads: Sequence[bytes | np.ndarray | RequestError],
-               embedding: Sequence[bool] | None = None) -> tuple[list[dict[str, Any]], BatchTimings]:
-        """One answer per payload (image bytes, or a 2-D uint8 image), in order; bad items get an error answer.
-
-        ``embedding[i]`` true: payload i's answer also carries its embedding and the neighbours' gallery ids
-        (:func:`with_embedding`); otherwise the answer is the plain one.
-        """
-        if embedding is not None and len(embedding) != len(payloads):
-            raise ValueError(f"{len(embedding)} embedding flags for {len(payloads)} payloads")
-        timings = BatchTimings()
-        answers: list[dict[str, Any] | None] = [None] * len(payloads)
-        good, tensors = [], []
+    def prepare(self, payloads: Sequence[bytes | np.ndarray | RequestError]) -> Prepared:
+        """Stage 1, preprocessing: each payload (image bytes, or a 2-D uint8 image) to the training tensor; a bad
+        one gets its error answer here and takes no part in the later stages."""
+        prepared = Prepared([None] * len(payloads))
         started = time.perf_counter()
         for i, payload in enumerate(payloads):
             try:
                 if isinstance(payload, RequestError):
                     raise payload
-                tensors.append(preprocess(payload, self.max_pixels))
-                good.append(i)
+                prepared.tensors.append(preprocess(payload, self.max_pixels))
+                prepared.good.append(i)
             except (RequestError, InvalidImageError) as exc:
-                answers[i] = error_answer(exc)
-                timings.rejected += 1
+                prepared.answers[i] = error_answer(exc)
+                prepared.timings.rejected += 1
             except Exception:  # a bug, not bad input: fail this request alone, keep the batch
                 logger.exception("unexpected error preprocessing request %d", i)
-                answers[i] = {"error": "internal error while preprocessing this image", "status": 500}
-                timings.rejected += 1
-        timings.preprocess = time.perf_counter() - started
-        if good:
+                prepared.answers[i] = {"error": "internal error while preprocessing this image", "status": 500}
+                prepared.timings.rejected += 1
+        prepared.timings.preprocess = time.perf_counter() - started
+        return prepared
+
+    def predict(self, prepared: Prepared, embedding: Sequence[bool] | None = None
+                ) -> tuple[list[dict[str, Any]], BatchTimings]:
+        """Stages 2 and 3: one forward pass and one gallery search for the prepared tensors; one answer per
+        payload, in order. ``embedding[i]`` true: payload i's answer also carries its embedding and the
+        neighbours' gallery ids (:func:`with_embedding`)."""
+        answers, timings = prepared.answers, prepared.timings
+        if embedding is not None and len(embedding) != len(answers):
+            raise ValueError(f"{len(embedding)} embedding flags for {len(answers)} payloads")
+        if prepared.good:
             started = time.perf_counter()
-            embeddings = self.embed(np.stack(tensors))
+            embeddings = self.embed(np.stack(prepared.tensors))
             timings.embed = time.perf_counter() - started
             started = time.perf_counter()
             distances, ids = self.searcher.neighbours(embeddings)
             results = [self.searcher.answer(d, g) for d, g in zip(distances, ids)]
             timings.search = time.perf_counter() - started
-            for row, (i, tensor, result) in enumerate(zip(good, tensors, results)):
+            for row, (i, tensor, result) in enumerate(zip(prepared.good, prepared.tensors, results)):
                 if is_blank(tensor):  # nothing to recognise: never a confident answer
                     result = {**result, "unknown": True}
                 if embedding is not None and embedding[i]:
@@ -218,3 +165,8 @@ class EmbeddingService:
                 timings.unknown += result["unknown"]
                 timings.top1.append(result["dist"])
         return answers, timings  # type: ignore[return-value]
+
+    def answer(self, payloads: Sequence[bytes | np.ndarray | RequestError],
+               embedding: Sequence[bool] | None = None) -> tuple[list[dict[str, Any]], BatchTimings]:
+        """All stages for a batch: :meth:`prepare`, then :meth:`predict`; bad items get an error answer."""
+        return self.predict(self.prepare(payloads), embedding)

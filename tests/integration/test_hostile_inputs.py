@@ -369,12 +369,10 @@ def parse_predict_frame(frame: bytes) -> list[tuple[str, int, str, bytes]]:
 
 @pytest.fixture(scope="module")
 def loaded_handler(tiny_artifacts):
-    from ts.context import Context
-
     from handler.embedding_handler import EmbeddingHandler
+    from support.handler_context import make_context
 
-    context = Context("embedding", str(tiny_artifacts), {"model": {"modelVersion": "1.0"}}, 8, None, "0.12.0",
-                      model_yaml_config={"handler": {}})
+    context = make_context(tiny_artifacts)
     handler = EmbeddingHandler()
     handler.initialize(context)
     return handler, context

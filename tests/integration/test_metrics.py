@@ -18,7 +18,7 @@ from support.imagegen import png_bytes
 from serving.samples import user_digit_png
 
 from client import BadImageError, EmbeddingClient
-from handler.service import METRIC_NAMES
+from handler.ts_metrics import METRIC_NAMES
 
 pytestmark = pytest.mark.serving
 

@@ -166,7 +166,7 @@ def test_baseline_metrics_are_gauges_labelled_like_batch_metrics_even_outside_a_
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
     import ts
-    from handler.service import BASELINE_METRICS, baseline_values, record_baseline
+    from handler.ts_metrics import BASELINE_METRICS, baseline_values, record_baseline
 
     meta = json.loads((tiny_artifacts / "metadata.json").read_text())
     values = baseline_values(meta)
