@@ -41,6 +41,7 @@ from .requests import (
     RequestError,
     decode_base64,
     decode_request,
+    error_answer,
     json_body,
     parse_option,
     split_option,
@@ -278,15 +279,11 @@ def _image_from_pixels(pixels: np.ndarray, where: str, index: int) -> Item:
     return np.rint(pixels * 255.0).astype(np.uint8)
 
 
-def error_body(exc: RequestError) -> dict[str, Any]:
-    return {"error": str(exc), "status": exc.status}
-
-
 def encode(request: ProtocolRequest, answers: Sequence[dict[str, Any]], model_name: str,
            model_version: str | None) -> tuple[int, Any]:
     """(HTTP status, JSON body) for one request, given one answer per image in request order."""
     if request.error is not None:
-        return request.error.status, error_body(request.error)
+        return request.error.status, error_answer(request.error)
     if request.protocol == "plain":
         (answer,) = answers
         return answer.get("status", 200) if "error" in answer else 200, answer

@@ -21,7 +21,7 @@ from .artifacts import (
     verify_artifacts,
 )
 from .preprocessing import DEFAULT_MAX_PIXELS, PREPROCESSING_VERSION, InvalidImageError, is_blank, preprocess
-from .requests import RequestError
+from .requests import RequestError, error_answer
 from .search import GallerySearcher
 
 logger = logging.getLogger(__name__)
@@ -47,10 +47,6 @@ class Prepared:
     good: list[int] = field(default_factory=list)
     tensors: list[np.ndarray] = field(default_factory=list)
     timings: BatchTimings = field(default_factory=BatchTimings)
-
-
-def error_answer(exc: RequestError | InvalidImageError) -> dict[str, Any]:
-    return {"error": str(exc), "status": exc.status}
 
 
 def with_embedding(answer: dict[str, Any], embedding: np.ndarray, gallery_ids: np.ndarray,
