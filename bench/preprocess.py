@@ -106,6 +106,34 @@ def measure(bodies: dict[str, list[bytes]], reps: int, log: Callable[[str], None
     return rows
 
 
+def held_out_accuracy(artifacts: Path, n_images: int = 1000, seed: int = 1) -> list[dict[str, Any]]:
+    """Accuracy and unknown rate of the artifacts' service on held-out digits sent as PNG bodies and as JPEG
+    photos, with the tensors of v1 and of today's preprocessing (one forward and one search per corpus)."""
+    from handler.service import EmbeddingService
+    from training.data.sample import load_mnist_sample
+
+    service = EmbeddingService.from_dir(artifacts)
+    sample = load_mnist_sample()
+    images, labels = sample.test_images[:n_images], [str(y) for y in sample.test_labels[:n_images]]
+    rng = np.random.default_rng(seed)
+    bodies = {"png": [user_png(img) for img in images], "jpeg-photo": [photo_jpeg(img, rng) for img in images]}
+    rows = []
+    for name, items in bodies.items():
+        answers = {}
+        for impl, module in (("v1", v1), ("current", current)):
+            batch = np.stack([module.preprocess(body) for body in items])
+            answers[impl] = [a for i in range(0, len(batch), 256)
+                             for a in service.searcher.classify(service.embed(batch[i:i + 256]))]
+        row: dict[str, Any] = {"corpus": name, "images": len(items),
+                               "changed_predictions": sum(a["pred"] != b["pred"]
+                                                          for a, b in zip(answers["v1"], answers["current"]))}
+        for impl, found in answers.items():
+            row[f"{impl}_accuracy"] = float(np.mean([a["pred"] == y for a, y in zip(found, labels)]))
+            row[f"{impl}_unknown_rate"] = float(np.mean([a["unknown"] for a in found]))
+        rows.append(row)
+    return rows
+
+
 def _versions() -> dict[str, str]:
     import PIL
 
@@ -135,6 +163,15 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{fmt(row['v1_cpu_us'], 0)} | {fmt(row['current_cpu_us'], 0)} | {fmt(row['ratio_cpu'], 2)} | "
                      f"{fmt(row['ratio_wall'], 2)} | {fmt(row['decode_only_cpu_us'], 0)} | "
                      f"{p['identical_tensors']}/{p['images']} (max canvas diff {p['max_canvas_diff']}) |")
+    if result.get("accuracy"):
+        lines += ["", f"Held-out accuracy of the artifacts in `{result['artifacts']}` (bundled MNIST sample's held-out "
+                  "digits; the JPEG photos drawn with another seed than the timing corpus):", "",
+                  "| corpus | images | v1 accuracy | current accuracy | v1 unknown | current unknown | changed predictions |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in result["accuracy"]:
+            lines.append(f"| {row['corpus']} | {row['images']} | {row['v1_accuracy']:.4f} | "
+                         f"{row['current_accuracy']:.4f} | {row['v1_unknown_rate']:.4f} | "
+                         f"{row['current_unknown_rate']:.4f} | {row['changed_predictions']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -144,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--png", type=int, default=256, help="PNG bodies (default 256)")
     p.add_argument("--jpeg", type=int, default=64, help="JPEG photos (default 64)")
     p.add_argument("--reps", type=int, default=7, help="interleaved passes per implementation (default 7)")
+    p.add_argument("--artifacts", type=Path, default=None,
+                   help="also measure held-out accuracy with both implementations using these artifacts")
+    p.add_argument("--accuracy-images", type=int, default=1000, help="held-out digits per corpus (default 1000)")
     args = p.parse_args(argv)
     load_before = [round(v, 2) for v in os.getloadavg()]
     started = datetime.now(UTC).isoformat(timespec="seconds")
@@ -152,7 +192,13 @@ def main(argv: list[str] | None = None) -> int:
               "started": started, "machine": f"{cpu_model()}, {os.cpu_count()} logical cores",
               "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "versions": _versions(),
               "reps": args.reps, "load_before": load_before, "load_after": [round(v, 2) for v in os.getloadavg()],
-              "rows": rows}
+              "rows": rows, "artifacts": str(args.artifacts) if args.artifacts else None, "accuracy": None}
+    if args.artifacts is not None:
+        result["accuracy"] = held_out_accuracy(args.artifacts, args.accuracy_images)
+        for row in result["accuracy"]:
+            print(f"{row['corpus']:<11} accuracy v1 {row['v1_accuracy']:.4f} current {row['current_accuracy']:.4f}  "
+                  f"unknown v1 {row['v1_unknown_rate']:.4f} current {row['current_unknown_rate']:.4f}  "
+                  f"changed predictions {row['changed_predictions']}/{row['images']}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "preprocess.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "preprocess.md").write_text(markdown(result))
