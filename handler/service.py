@@ -110,6 +110,11 @@ class EmbeddingService:
         self.metadata = metadata
         self.device = torch.device(device)
         self.max_pixels = max_pixels
+        if self.device.type == "cuda":
+            # cuDNN convolves float32 in TF32 by default (Ampere and later), which moves embeddings by about
+            # 1e-3: answers on a GPU must be the CPU's (python -m bench.gpu_check), so full float32.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         probe = self.embed(np.zeros((1, 1, 28, 28), np.float32))  # warm-up, and a contract check
         if probe.shape[1] != searcher.dim:
             raise ArtifactError(f"model embeds into {probe.shape[1]} dimensions but the index holds {searcher.dim}")
