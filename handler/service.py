@@ -111,8 +111,10 @@ class EmbeddingService:
         self.device = torch.device(device)
         self.max_pixels = max_pixels
         if self.device.type == "cuda":
-            # cuDNN convolves float32 in TF32 by default (Ampere and later), which moves embeddings by about
-            # 1e-3: answers on a GPU must be the CPU's (python -m bench.gpu_check), so full float32.
+            # cuDNN convolves float32 in TF32 by default (Ampere and later): 10 mantissa bits, errors of about
+            # 1e-3 in the embeddings. Answers on a GPU must be the CPU's (python -m bench.gpu_check): float32.
+            # The legacy switches on purpose: once torch >= 2.9's fp32_precision API is used, reading
+            # allow_tf32 (as other code may) raises.
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_tf32 = False
         probe = self.embed(np.zeros((1, 1, 28, 28), np.float32))  # warm-up, and a contract check

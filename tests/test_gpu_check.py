@@ -123,3 +123,24 @@ def test_handler_device_setting(gpu_id, setting, available, expected):
 def test_handler_device_setting_is_refused_when_it_cannot_be_honoured(setting):
     with pytest.raises(ValueError, match="handler.device"):
         pick_device(0, setting, cuda_available=False)
+
+
+def test_service_on_cuda_turns_tf32_off(monkeypatch):
+    """The CUDA branch of EmbeddingService's set-up, without a GPU (embed is stubbed)."""
+    import numpy as np
+
+    from handler.service import EmbeddingService
+
+    class Searcher:
+        dim = 4
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    monkeypatch.setattr(EmbeddingService, "embed", lambda self, batch: np.zeros((len(batch), 4), np.float32))
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        EmbeddingService(None, Searcher(), {}, device="cpu")
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+        EmbeddingService(None, Searcher(), {}, device="cuda")
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
