@@ -163,9 +163,18 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{fmt(row['v1_cpu_us'], 0)} | {fmt(row['current_cpu_us'], 0)} | {fmt(row['ratio_cpu'], 2)} | "
                      f"{fmt(row['ratio_wall'], 2)} | {fmt(row['decode_only_cpu_us'], 0)} | "
                      f"{p['identical_tensors']}/{p['images']} (max canvas diff {p['max_canvas_diff']}) |")
+    lines += ["", "Colour JPEGs are decoded straight to luma now (libjpeg's Y channel instead of RGB then "
+              "convert(\"L\")), which is why `current` can go below `decode only` there; the gray moves by at most "
+              "one level where RGB does not clip, and the tensor is then exactly v1's tensor of that gray "
+              "(tests/test_preprocessing_fast.py). Every other input gives v1's tensor bit for bit. On the PNG bodies "
+              "decoding is about a third of v1's time and fitting the crop into 20x20 with Pillow's BOX resize (which "
+              "bit-identical output needs) another sixth, so halving them is out of reach without changing tensors."]
     if result.get("accuracy"):
-        lines += ["", f"Held-out accuracy of the artifacts in `{result['artifacts']}` (bundled MNIST sample's held-out "
-                  "digits; the JPEG photos drawn with another seed than the timing corpus):", "",
+        model = result.get("artifacts_model") or {}
+        lines += ["", f"Held-out accuracy of the artifacts in `{result['artifacts']}` (model.pt sha256 "
+                  f"{str(model.get('sha256'))[:12]}…, trained on {model.get('dataset')}) on the bundled MNIST sample's "
+                  "held-out digits, sent as PNG bodies and as JPEG photos (drawn with another seed than the timing "
+                  "corpus), with v1's and today's tensors:", "",
                   "| corpus | images | v1 accuracy | current accuracy | v1 unknown | current unknown | changed predictions |",
                   "|---|---|---|---|---|---|---|"]
         for row in result["accuracy"]:
@@ -195,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
               "rows": rows, "artifacts": str(args.artifacts) if args.artifacts else None, "accuracy": None}
     if args.artifacts is not None:
         result["accuracy"] = held_out_accuracy(args.artifacts, args.accuracy_images)
+        meta = json.loads((args.artifacts / "metadata.json").read_text())
+        result["artifacts_model"] = {"sha256": meta.get("sha256", {}).get("model.pt"),
+                                     "dataset": meta.get("dataset", {}).get("name")}
         for row in result["accuracy"]:
             print(f"{row['corpus']:<11} accuracy v1 {row['v1_accuracy']:.4f} current {row['current_accuracy']:.4f}  "
                   f"unknown v1 {row['v1_unknown_rate']:.4f} current {row['current_unknown_rate']:.4f}  "
