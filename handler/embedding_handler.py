@@ -5,7 +5,7 @@ The core (:mod:`handler.preprocessing`, :mod:`handler.requests`, :mod:`handler.p
 and the KServe path use it directly. This module and :mod:`handler.ts_metrics` are the only ones that know
 TorchServe: its Context, its metrics cache, and the workarounds for its 0.12 frontend. BaseHandler.handle runs
 the stages (and records HandlerTime); each stage here does what its name says. Settings come from the
-``handler:`` section of model-config.yaml (max_image_pixels, threads).
+``handler:`` section of model-config.yaml (max_image_pixels, threads, device).
 """
 
 from __future__ import annotations
@@ -32,6 +32,25 @@ logger = logging.getLogger(__name__)
 BASELINE_REFRESH_S = 30.0
 
 
+def pick_device(gpu_id: int | str | None, setting: str = "auto", cuda_available: bool | None = None) -> str:
+    """The torch device a worker serves on. ``auto``: the GPU TorchServe assigned (gpu_id) when CUDA is
+    available, else the CPU; ``cpu``; ``cuda`` (the assigned GPU, else GPU 0) or ``cuda:N``, refused when
+    CUDA is unavailable rather than silently served on the CPU."""
+    available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    setting = (setting or "auto").strip().lower()
+    if setting == "auto":
+        return f"cuda:{gpu_id}" if gpu_id is not None and available else "cpu"
+    if setting == "cpu":
+        return "cpu"
+    if setting == "cuda" or setting.startswith("cuda:"):
+        if not available:
+            raise ValueError(f"handler.device={setting} but CUDA is not available on this worker")
+        if setting == "cuda":
+            return f"cuda:{gpu_id if gpu_id is not None else 0}"
+        return setting
+    raise ValueError(f"handler.device must be auto, cpu, cuda or cuda:N, got {setting!r}")
+
+
 class EmbeddingHandler(BaseHandler):
     """Image bytes -> embedding -> FAISS k-NN answer, one JSON answer per request of the batch."""
 
@@ -41,8 +60,7 @@ class EmbeddingHandler(BaseHandler):
         threads = int(settings.get("threads", 0))
         if threads > 0:
             torch.set_num_threads(threads)
-        gpu_id = properties.get("gpu_id")
-        device = f"cuda:{gpu_id}" if gpu_id is not None and torch.cuda.is_available() else "cpu"
+        device = pick_device(properties.get("gpu_id"), str(settings.get("device", "auto")))
         if "k" in settings:
             # k belongs to the trained model (metadata.json): the accuracy training reported is the one served.
             logger.warning("model-config.yaml handler.k=%s is ignored: k comes from the model's metadata.json",

@@ -84,6 +84,13 @@ class EmbeddingService:
         self.max_pixels = max_pixels
         #: (kind, id per gallery item) recorded by training; None for artifacts older than sources.json.
         self.sources = sources
+        if self.device.type == "cuda":
+            # cuDNN convolves float32 in TF32 by default (Ampere and later): 10 mantissa bits, errors of about
+            # 1e-3 in the embeddings. Answers on a GPU must be the CPU's (python -m bench.gpu_check): float32.
+            # The legacy switches on purpose: once torch >= 2.9's fp32_precision API is used, reading
+            # allow_tf32 (as other code may) raises.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         probe = self.embed(np.zeros((1, 1, 28, 28), np.float32))  # warm-up, and a contract check
         if probe.shape[1] != searcher.dim:
             raise ArtifactError(f"model embeds into {probe.shape[1]} dimensions but the index holds {searcher.dim}")
