@@ -3,7 +3,7 @@
 # podman, buildah, runc, mmdebstrap, uidmap (scripts/build-images.sh builds and runs the images without
 # a Docker daemon or registry), prometheus with promtool (deploy/prometheus/, tests/integration/test_prometheus.py; installed
 # through scripts/prometheus.sh, which keeps Debian's own prometheus service off port 9090). RabbitMQ is
-# installed on demand by scripts/rabbitmq.sh.
+# installed on demand by scripts/rabbitmq.sh. fonts-dejavu-core renders the printed digits of the product-quality tests.
 # Installs only what is missing, as root.
 set -euo pipefail
 missing=()
@@ -14,6 +14,7 @@ command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 command -v newuidmap >/dev/null 2>&1 || [ -x /usr/bin/newuidmap ] || missing+=(uidmap)
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)  # printed-digit tests
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${missing[*]}; install with: sudo apt-get install ${missing[*]}" >&2

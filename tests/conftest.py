@@ -93,3 +93,11 @@ def loaded(tiny_artifacts):
     handler = EmbeddingHandler()
     handler.initialize(context)
     return handler, context
+
+
+@pytest.fixture(scope="session")
+def product_artifacts() -> Path:
+    """The model the quick start ships (trained once per code change; see support/product_model.py)."""
+    from support.product_model import product_artifacts
+
+    return product_artifacts()

@@ -1,0 +1,73 @@
+"""The shipped model (what ./quickstart.sh trains) behind a real TorchServe, on inputs it was never trained on:
+pytorch/serve-style MNIST example images and printed digits rendered here from Debian's fonts."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from client import EmbeddingClient
+from serving.archive import build_mar
+from serving.samples import held_out_digits, user_digit_png
+from support.torchserve import running_instance
+
+pytestmark = pytest.mark.serving
+
+FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")  # Debian's fonts-dejavu-core (and -extra), never in training
+PRINTED_TARGET = 0.98
+
+
+@pytest.fixture(scope="module")
+def product_client(product_artifacts, tmp_path_factory):
+    store = tmp_path_factory.mktemp("product-store")
+    build_mar(product_artifacts, store)
+    with running_instance(tmp_path_factory.mktemp("product-ts"), store) as instance:
+        with EmbeddingClient(instance.endpoints.inference, token=instance.keys()["inference"]) as client:
+            yield client
+
+
+def test_mnist_example_style_images_are_all_classified_correctly(product_client):
+    """Our own equivalents of pytorch/serve's examples/image_classifier/mnist/test_data/0-9.png: the first held-out
+    digit of each class as a raw 28x28 light-on-black PNG (no inversion, no enlarging), sent as curl -T sends it."""
+    for digit, canvas in enumerate(held_out_digits()):
+        answer = product_client.predict(user_digit_png(255 - canvas, scale=1))  # undo the generator's inversion
+        assert answer["pred"] == str(digit) and not answer["unknown"], (digit, answer)
+
+
+def printed_digits(seed: int = 0) -> list[tuple[bytes, str]]:
+    """Every digit in every DejaVu face, twice, at random sizes, offsets and stroke widths, in both polarities,
+    as PNG or JPEG."""
+    fonts = sorted(p for p in FONT_DIR.glob("*.ttf") if "MathTeX" not in p.name)
+    assert len(fonts) >= 6, f"{FONT_DIR}: fonts-dejavu-core is missing (scripts/system-deps.sh installs it)"
+    rng = random.Random(seed)
+    out = []
+    for font_path in fonts:
+        for digit in range(10):
+            for _ in range(2):
+                size = rng.choice([40, 64, 96])
+                font = ImageFont.truetype(str(font_path), size)
+                side = int(size * 1.6)
+                image = Image.new("L", (side, side), 255)
+                ImageDraw.Draw(image).text((side / 2 + rng.randint(-8, 8), side / 2 + rng.randint(-8, 8)), str(digit),
+                                           font=font, fill=0, anchor="mm", stroke_width=rng.choice([0, 0, 1, 2]),
+                                           stroke_fill=0)
+                if rng.random() < 0.5:
+                    image = Image.eval(image, lambda v: 255 - v)
+                fmt = rng.choice(["PNG", "JPEG"])
+                buf = io.BytesIO()
+                image.save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+                out.append((buf.getvalue(), str(digit)))
+    return out
+
+
+def test_printed_digits_through_the_served_endpoint(product_client, record_property):
+    samples = printed_digits()
+    answers = product_client.predict_batch([png for png, _ in samples])
+    correct = np.mean([not isinstance(a, Exception) and a["pred"] == label for a, (_, label) in zip(answers, samples)])
+    record_property("printed_accuracy", float(correct))
+    assert correct >= PRINTED_TARGET, f"{correct:.3f} of {len(samples)} printed digits correct"

@@ -1,0 +1,42 @@
+"""The model ./quickstart.sh ships (default training on the bundled sample), for tests of the product's quality.
+
+Training it takes a minute or two on 2 cores, so the artifacts are cached under the user's cache directory,
+keyed by a hash of everything that decides them: the training and handler code, the versions of torch and FAISS,
+and the command. A change to any of them trains anew; the tests never see a stale model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+from settings import DEFAULT_THREADS, REPO, cache_root
+
+COMMAND = ("-m", "training", "--no-plots", "--threads", str(DEFAULT_THREADS))
+INPUTS = ("training", "handler", "settings.py")
+
+
+def cache_key() -> str:
+    digest = hashlib.sha256(" ".join(COMMAND).encode())
+    for name in ("torch", "faiss-cpu", "numpy", "pillow"):
+        digest.update(f"{name}={importlib.metadata.version(name)}".encode())
+    for root in INPUTS:
+        path = REPO / root
+        for file in sorted([path] if path.is_file() else path.rglob("*.py")):
+            digest.update(str(file.relative_to(REPO)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def product_artifacts() -> Path:
+    """The quick start's artifacts, trained once per cache key (atomically published by the training CLI)."""
+    out = cache_root() / "test-models" / cache_key()
+    if not (out / "metadata.json").is_file():
+        env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": str(DEFAULT_THREADS)}
+        done = subprocess.run([sys.executable, *COMMAND, "--out", str(out)], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=1200)
+        if done.returncode != 0:
+            raise RuntimeError(f"training the product model failed: {done.stderr[-2000:]}")
+    return out
