@@ -47,8 +47,9 @@ def _parse_expiry(text: object) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-def from_key_file(path: Path, kind: Kind) -> Token:
-    """The ``kind`` key of a TorchServe key file, with its expiry time when the file records one."""
+def from_key_file(path: Path, kind: str) -> Token:
+    """The ``kind`` key (inference, management or API) of a TorchServe key file, with its expiry time when the file
+    records one."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:

@@ -73,14 +73,14 @@ class Instance:
         return read_properties(self.config).get("disable_token_authorization", "false").lower() != "true"
 
     def keys(self) -> dict[str, str]:
-        """Current tokens from key_file.json: {"inference": ..., "management": ...}.
+        """Current tokens from key_file.json: {"inference": ..., "management": ..., "API": ...}.
 
         Empty when the config turns token authorization off (KServe puts auth at its ingress).
         """
         if not self.token_auth:
             return {}
         try:
-            return {kind: from_key_file(self.key_file, kind).value for kind in ("inference", "management")}
+            return {kind: from_key_file(self.key_file, kind).value for kind in ("inference", "management", "API")}
         except ClientError as exc:
             raise ServerError(str(exc)) from None
 
