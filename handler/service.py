@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .artifacts import INDEX_FILE, LABELS_FILE, MODEL_FILE, ArtifactError, verify_artifacts
+from .artifacts import INDEX_FILE, LABELS_FILE, MODEL_FILE, ArtifactError, open_set_settings, verify_artifacts
 from .preprocessing import DEFAULT_MAX_PIXELS, PREPROCESSING_VERSION, InvalidImageError, is_blank, preprocess
 from .requests import RequestError
 from .search import GallerySearcher
@@ -117,13 +117,15 @@ class EmbeddingService:
     @classmethod
     def from_dir(cls, model_dir: Path, device: str = "cpu", k: int | None = None,
                  max_pixels: int = DEFAULT_MAX_PIXELS) -> "EmbeddingService":
-        """Load from a directory only after every artifact's SHA-256 matched metadata.json."""
+        """Load from a directory only after every artifact's SHA-256 matched metadata.json; the open-set score and
+        threshold are the ones metadata.json records (handler.artifacts.open_set_settings)."""
         model_dir = Path(model_dir)
         metadata = verify_artifacts(model_dir)
         version = metadata.get("preprocessing", {}).get("version")
         if version != PREPROCESSING_VERSION:
             raise ArtifactError(f"artifacts were built with preprocessing version {version!r}, "
                                 f"this handler implements {PREPROCESSING_VERSION!r}")
+        open_set = open_set_settings(metadata)
         model = torch.jit.load(str(model_dir / MODEL_FILE), map_location=device).eval()
         if torch.device(device).type == "cpu":
             # oneDNN kernels for the frozen graph: about 2x faster on CPU (measured: 7.0 -> 3.5 ms for a
@@ -131,7 +133,9 @@ class EmbeddingService:
             model = torch.jit.optimize_for_inference(model)
         searcher = GallerySearcher.from_files(
             model_dir / INDEX_FILE, model_dir / LABELS_FILE, k=k or metadata["k"],
-            threshold=metadata["threshold"], search_params=metadata["index"].get("search_params"),
+            threshold=open_set["threshold"], score=open_set["score"], kth=open_set["kth"],
+            prototypes=open_set["prototypes"],
+            search_params=metadata["index"].get("search_params"),
         )
         return cls(model, searcher, metadata, device, max_pixels)
 

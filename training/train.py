@@ -18,6 +18,7 @@ from handler.search import GallerySearcher
 
 from .index import build_index
 from .model import ArcFaceHead, EmbeddingNet
+from .negatives import synthetic_negatives
 
 
 @dataclass
@@ -33,6 +34,13 @@ class TrainConfig:
     max_rotation: float = 10.0  # degrees
     arcface_scale: float = 16.0
     arcface_margin: float = 0.3
+    #: Outlier exposure (training/negatives.py): size of the synthetic non-digit pool (0: off), negatives per
+    #: batch as a share of batch_size, the loss's weight, kind and margin (ArcFaceHead.outlier_loss).
+    negatives: int = 4000
+    negative_share: float = 0.5
+    oe_weight: float = 0.5
+    oe_loss: str = "uniform"
+    oe_margin: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,6 +108,8 @@ def train_model(
         optimizer, max_lr=config.lr, total_steps=max(1, config.epochs * steps_per_epoch), pct_start=0.2
     )
     x_all, y_all = torch.from_numpy(train_x), torch.from_numpy(train_y)
+    negatives = torch.from_numpy(normalize(synthetic_negatives(config.negatives, seed=config.seed + 1)))
+    per_batch = round(config.batch_size * config.negative_share) if len(negatives) else 0
     history = History()
     started = time.perf_counter()
     for epoch in range(1, config.epochs + 1):
@@ -111,8 +121,13 @@ def train_model(
                    disable=not sys.stderr.isatty(), file=sys.stderr)
         for step in bar:
             idx = order[step * config.batch_size : (step + 1) * config.batch_size]
-            x = augment(x_all[idx], generator, config.max_shift, config.max_rotation)
-            loss = head(model(x), y_all[idx])
+            x = x_all[idx]
+            if per_batch:
+                x = torch.cat([x, negatives[torch.randint(len(negatives), (per_batch,), generator=generator)]])
+            out = model(augment(x, generator, config.max_shift, config.max_rotation))
+            loss = head(out[: len(idx)], y_all[idx])
+            if per_batch:
+                loss = loss + config.oe_weight * head.outlier_loss(out[len(idx):], config.oe_loss, config.oe_margin)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
