@@ -16,7 +16,14 @@ from handler.preprocessing import is_blank, preprocess
 from handler.search import GallerySearcher, class_prototypes, open_set_score, prototype_distance
 from handler.service import EmbeddingService
 from training.__main__ import main as training_main
-from training.evaluate import auroc, blank_and_noise, calibration_mask, open_set_scores, synthetic_non_digits
+from training.evaluate import (
+    auroc,
+    blank_and_noise,
+    calibrate_threshold,
+    cross_fitted_acceptance,
+    open_set_scores,
+    synthetic_non_digits,
+)
 from training.index import build_index
 from training.negatives import synthetic_negatives
 
@@ -105,7 +112,8 @@ def test_metadata_records_the_score_threshold_and_calibration_and_serving_uses_t
     metadata = json.loads((tiny_artifacts / METADATA_FILE).read_text())
     section = metadata["open_set"]
     assert section["threshold"] == metadata["threshold"] > 0
-    assert section["calibration"]["split"] == "test" and section["calibration"]["n"] == 500
+    assert section["calibration"]["split"] == "test" and section["calibration"]["n"] == 1000
+    assert 0.98 <= section["calibration"]["accepted_cross_fitted"] <= 1.0
     settings = open_set_settings(metadata)
     service = EmbeddingService.from_dir(tiny_artifacts)
     assert (service.searcher.score, service.searcher.kth, service.searcher.threshold) == \
@@ -206,7 +214,7 @@ def test_eval_cli_writes_well_formed_json(tiny_artifacts, tmp_path, capsys):
     digits = result["digits"]
     assert digits["n"] == 1000 and 0.9 <= digits["accuracy"] <= 1.0
     assert digits["accepted"] == pytest.approx(1 - metadata["drift_baseline"]["unknown_rate"])
-    assert 0.95 <= digits["accepted_not_calibrated_on"] <= 1.0
+    assert digits["accepted_cross_fitted"] == pytest.approx(metadata["open_set"]["calibration"]["accepted_cross_fitted"])
     assert set(result["unknown"]) == {"fashion", "synthetic", "noise"}
     assert result["unknown"]["fashion"]["n"] == 40 and result["unknown"]["noise"]["n"] == 40
     for figures in result["unknown"].values():
@@ -245,6 +253,9 @@ def test_eval_cli_refuses_tampered_artifacts_in_one_line(tiny_artifacts, tmp_pat
     assert len(err) == 1 and "labels.json" in err[0]
 
 
-def test_calibration_mask_takes_every_other_held_out_query():
-    mask = calibration_mask(7)
-    assert mask.tolist() == [True, False, True, False, True, False, True]
+def test_cross_fitted_acceptance_calibrates_on_one_half_and_measures_the_other():
+    scores = np.arange(1.0, 11.0)  # even positions 1,3,5,7,9; odd positions 2,4,6,8,10
+    # quantile 0.5: threshold 5 accepts 2 of the odd ones; threshold 6 accepts 3 of the even ones
+    assert cross_fitted_acceptance(scores, 0.5) == pytest.approx((2 / 5 + 3 / 5) / 2)
+    assert calibrate_threshold(scores[::2], 0.5) == 5.0
+    assert cross_fitted_acceptance(np.array([1.0])) is None

@@ -35,7 +35,7 @@ from .evaluate import (
     DEFAULT_KTH,
     DEFAULT_OPEN_SET_SCORE,
     calibrate_threshold,
-    calibration_mask,
+    cross_fitted_acceptance,
     drift_baseline,
     evaluate,
     open_set_rejection,
@@ -135,7 +135,7 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
                           log: Callable[[str], None] = print, score: str = DEFAULT_OPEN_SET_SCORE,
                           kth: int = DEFAULT_KTH) -> dict:
     """Evaluate with the serving searcher, calibrate the open-set threshold of `score` on held-out digits only
-    (calibration_mask), write metadata.json."""
+    only, write metadata.json."""
     model = load_model(out / MODEL_FILE)
     index_info = json.loads((out / INDEX_INFO_FILE).read_text())
     train_info = json.loads((out / TRAIN_FILE).read_text())
@@ -148,21 +148,20 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
     result = evaluate(searcher, test_emb, data.test_y, data.classes)
     top1 = result.pop("top1_distances")
     scores = searcher.scores(test_emb)
-    calibrate_on = calibration_mask(len(scores))
-    searcher.threshold = calibrate_threshold(scores[calibrate_on])
+    searcher.threshold = calibrate_threshold(scores)
     result["threshold"] = searcher.threshold
-    accepted = float(np.mean(scores[~calibrate_on] <= searcher.threshold)) if (~calibrate_on).any() else None
-    result["digits_accepted_uncalibrated"] = accepted
+    accepted = cross_fitted_acceptance(scores)
+    result["digits_accepted_cross_fitted"] = accepted
     open_set = {"score": score, "kth": searcher.kth, "threshold": searcher.threshold,
-                "calibration": {"split": "test", "subset": "even positions", "n": int(calibrate_on.sum()),
-                                "accept_quantile": ACCEPT_QUANTILE, "accepted_other_half": accepted}}
+                "calibration": {"split": "test", "n": int(len(scores)), "accept_quantile": ACCEPT_QUANTILE,
+                                "accepted_cross_fitted": accepted}}
     if prototypes is not None:
         open_set["prototypes"] = {"labels": names, "vectors": prototypes.tolist()}
     baseline = drift_baseline(top1, searcher.threshold)
     baseline["unknown_rate"] = float(np.mean(scores > searcher.threshold))  # what the served rule answers
     result["open_set_rejection"] = open_set_rejection(searcher, lambda x: embed(model, x))
     log(f"held-out k-NN accuracy {result['accuracy']:.4f}; {score} threshold {searcher.threshold:.4f} accepts "
-        f"{accepted if accepted is not None else float('nan'):.1%} of the held-out digits it was not calibrated on "
+        f"{accepted if accepted is not None else float('nan'):.1%} of held-out digits (cross-fitted) "
         f"and rejects {result['open_set_rejection']:.1%} of synthetic non-digits")
     if plots:
         result["plots"] = write_plots(out, train_info["history"], np.array(result["confusion_matrix"]),

@@ -38,8 +38,8 @@ class TrainConfig:
     #: batch as a share of batch_size, the loss's weight, kind and margin (ArcFaceHead.outlier_loss).
     negatives: int = 4000
     negative_share: float = 0.5
-    oe_weight: float = 0.5
-    oe_loss: str = "uniform"
+    oe_weight: float = 1.0
+    oe_loss: str = "hinge"
     oe_margin: float = 0.0
 
     def to_dict(self) -> dict:
