@@ -69,6 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--negatives", type=_non_negative_int, default=defaults.negatives,
                    help="synthetic non-digits for outlier exposure (0: off)")
     p.add_argument("--oe-weight", type=float, default=defaults.oe_weight, help="weight of the outlier-exposure loss")
+    p.add_argument("--oe-loss", choices=("hinge", "uniform"), default=defaults.oe_loss,
+                   help="outlier-exposure loss (training/model.py ArcFaceHead.outlier_loss)")
+    p.add_argument("--oe-margin", type=float, default=defaults.oe_margin,
+                   help="hinge: largest cosine a non-digit may keep to any class centre")
     p.add_argument("--threads", type=_positive_int, default=_env_threads(),
                    help="torch intra-op threads (default: $OMP_NUM_THREADS or 2)")
     p.add_argument("--cache-dir", type=Path, default=None, help="download cache (default ~/.cache/mnist-embedding)")
@@ -149,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
 
     config = TrainConfig(epochs=args.epochs, embedding_dim=args.embedding_dim, width=args.width,
                          batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                         negatives=args.negatives, oe_weight=args.oe_weight)
+                         negatives=args.negatives, oe_weight=args.oe_weight, oe_loss=args.oe_loss,
+                         oe_margin=args.oe_margin)
     before = _identity(args.out)
     try:
         metadata = build_artifacts(args.data, args.out, config, args.index, args.k, args.cache_dir,
