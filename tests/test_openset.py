@@ -259,3 +259,14 @@ def test_cross_fitted_acceptance_calibrates_on_one_half_and_measures_the_other()
     assert cross_fitted_acceptance(scores, 0.5) == pytest.approx((2 / 5 + 3 / 5) / 2)
     assert calibrate_threshold(scores[::2], 0.5) == 5.0
     assert cross_fitted_acceptance(np.array([1.0])) is None
+
+
+def test_outlier_exposure_is_on_for_digit_classes_only(tiny_artifacts):
+    from training.data.idx import FASHION_CLASSES
+    from training.train import DIGIT_NEGATIVES, TrainConfig, resolve_negatives
+
+    assert resolve_negatives(TrainConfig(), [str(d) for d in range(10)]).negatives == DIGIT_NEGATIVES
+    assert resolve_negatives(TrainConfig(), FASHION_CLASSES).negatives == 0  # garments are no outliers of garments
+    assert resolve_negatives(TrainConfig(negatives=7), FASHION_CLASSES).negatives == 7
+    metadata = json.loads((tiny_artifacts / METADATA_FILE).read_text())
+    assert metadata["training"]["config"]["negatives"] == DIGIT_NEGATIVES

@@ -66,8 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="what the unknown threshold is calibrated on and served with")
     p.add_argument("--kth", type=_positive_int, default=DEFAULT_KTH,
                    help="neighbour rank of kth_distance (Sun et al. 2022)")
-    p.add_argument("--negatives", type=_non_negative_int, default=defaults.negatives,
-                   help="synthetic non-digits for outlier exposure (0: off)")
+    p.add_argument("--negatives", type=_non_negative_int, default=None,
+                   help="synthetic non-digits for outlier exposure (0: off; default 4000 when the classes are the "
+                        "ten digits, else 0)")
     p.add_argument("--oe-weight", type=float, default=defaults.oe_weight, help="weight of the outlier-exposure loss")
     p.add_argument("--oe-loss", choices=("hinge", "uniform"), default=defaults.oe_loss,
                    help="outlier-exposure loss (training/model.py ArcFaceHead.outlier_loss)")

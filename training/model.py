@@ -68,7 +68,7 @@ class ArcFaceHead(nn.Module):
 
         ``uniform``: cross-entropy of the scaled cosine logits to the uniform distribution (the paper's loss).
         ``hinge``: squared excess of the largest cosine over ``margin``, pushing every non-digit out of every
-        class cone, which is what a k-NN distance threshold measures.
+        class cone, which is what a distance threshold to the classes measures.
         """
         cosine = self.cosines(embeddings)
         if kind == "hinge":

@@ -43,7 +43,7 @@ from .evaluate import (
 )
 from .export import export_torchscript
 from .index import build_index, default_search_params, recall_at_1, resolve_index_type
-from .train import TrainConfig, embed, train_model
+from .train import TrainConfig, embed, resolve_negatives, train_model
 
 TRAIN_FILE = "train.json"
 INDEX_INFO_FILE = "index.json"
@@ -97,6 +97,7 @@ def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | 
 def train_and_export(data: PreparedData, config: TrainConfig, out: Path, k: int = DEFAULT_K,
                      log: Callable[[str], None] = print) -> dict:
     """Train, export model.pt (TorchScript, parity-checked), write train.json."""
+    config = resolve_negatives(config, data.classes)
     model, history = train_model(data.inputs("train"), data.train_y, data.inputs("test"), data.test_y,
                                  len(data.classes), config, k, log)
     parity = export_torchscript(model, out / MODEL_FILE, data.inputs("test")[:256])
