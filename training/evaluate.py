@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from handler.preprocessing import normalize
 from handler.search import GallerySearcher
+
+if TYPE_CHECKING:
+    from handler.service import EmbeddingService
 
 #: Share of held-out (in-distribution) queries the open-set threshold must accept.
 ACCEPT_QUANTILE = 0.995
@@ -215,7 +218,7 @@ def load_ood_set(name: str, fashion_dir: Path = FASHION_DIR, n: int = 1000, seed
     raise ValueError(f"unknown --ood set {name!r}; choose from {', '.join(OOD_SETS)}")
 
 
-def open_set_scores(service, images: np.ndarray, batch: int = 1024) -> np.ndarray:
+def open_set_scores(service: "EmbeddingService", images: np.ndarray, batch: int = 1024) -> np.ndarray:
     """The served open-set score of raw uint8 images (N, H, W): the serving preprocessing, model and searcher
     of an EmbeddingService; +inf for blank inputs, which the service always answers as unknown."""
     from handler.preprocessing import canvases_from_arrays, is_blank
@@ -242,12 +245,12 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
     import platform
     from datetime import datetime, timezone
 
-    from handler.preprocessing import canvases_from_arrays
+    from handler.preprocessing import canvases_from_arrays, is_blank
     from handler.service import EmbeddingService
 
     from .data import load_dataset
 
-    unknown_names = [name for name in ood]
+    unknown_names = list(ood)
     for name in unknown_names:
         if name not in OOD_SETS:
             raise ValueError(f"unknown --ood set {name!r}; choose from {', '.join(OOD_SETS)}")
@@ -258,13 +261,14 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
     dataset = load_dataset(data_source)
     if list(dataset.classes) != metadata.get("dataset", {}).get("classes", list(dataset.classes)):
         raise ValueError(f"{data_source}: classes differ from the ones the artifacts were trained on")
-    test_x = canvases_from_arrays(dataset.test_images)
-    embeddings = service.embed(normalize(test_x))
-    answers = searcher.classify(embeddings)
-    accuracy = float(np.mean([a["pred"] == dataset.classes[y] for a, y in zip(answers, dataset.test_labels)]))
-    digit_scores = open_set_scores(service, dataset.test_images)
     if threshold is None:
         raise ValueError(f"{artifacts}: metadata.json records no open-set threshold")
+    tensors = normalize(canvases_from_arrays(dataset.test_images))
+    embeddings = service.embed(tensors)
+    answers = searcher.classify(embeddings)
+    accuracy = float(np.mean([a["pred"] == dataset.classes[y] for a, y in zip(answers, dataset.test_labels)]))
+    blank = np.array([is_blank(t) for t in tensors], dtype=bool)
+    digit_scores = np.where(blank, np.inf, searcher.scores(embeddings))
     accepted = digit_scores <= threshold
     result = {
         "artifacts": str(artifacts),
