@@ -43,6 +43,42 @@ def read_metadata(directory: Path) -> dict[str, Any]:
         raise ArtifactError(f"{path}: not valid JSON ({exc})") from None
 
 
+def open_set_settings(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The served open-set rule: {"score", "kth", "threshold", "prototypes"} from metadata.json's "open_set".
+
+    Artifacts trained before that section existed carry only "threshold", a top-1 distance: they are served as
+    before. A score this handler does not implement, or a malformed section, is an ArtifactError.
+    """
+    from .search import OPEN_SET_SCORES
+
+    section = metadata.get("open_set")
+    if section is None:
+        return {"score": "top1_distance", "kth": 1, "threshold": metadata.get("threshold"), "prototypes": None}
+    if not isinstance(section, dict):
+        raise ArtifactError(f"{METADATA_FILE}: \"open_set\" must be an object")
+    score, kth, threshold = section.get("score"), section.get("kth", 1), section.get("threshold")
+    if score not in OPEN_SET_SCORES:
+        raise ArtifactError(f"{METADATA_FILE}: open-set score {score!r} is not one this handler implements "
+                            f"({', '.join(OPEN_SET_SCORES)})")
+    if not isinstance(kth, int) or isinstance(kth, bool) or kth < 1:
+        raise ArtifactError(f"{METADATA_FILE}: open_set.kth must be a positive integer, got {kth!r}")
+    if threshold is not None and (not isinstance(threshold, (int, float)) or isinstance(threshold, bool)):
+        raise ArtifactError(f"{METADATA_FILE}: open_set.threshold must be a number, got {threshold!r}")
+    prototypes = None
+    if score == "prototype_distance":
+        import numpy as np
+
+        try:
+            prototypes = np.asarray(section["prototypes"]["vectors"], dtype=np.float32)
+        except (KeyError, TypeError, ValueError):
+            raise ArtifactError(f"{METADATA_FILE}: open_set.prototypes.vectors must be a list of equal-length "
+                                "number lists for prototype_distance") from None
+        if prototypes.ndim != 2 or not prototypes.size or not np.isfinite(prototypes).all():
+            raise ArtifactError(f"{METADATA_FILE}: open_set.prototypes.vectors must be a non-empty finite matrix")
+    return {"score": score, "kth": kth, "threshold": None if threshold is None else float(threshold),
+            "prototypes": prototypes}
+
+
 def verify_artifacts(directory: Path) -> dict[str, Any]:
     """Check every checksummed file against metadata.json; return the metadata when all match."""
     directory = Path(directory)

@@ -17,6 +17,7 @@ from .artifacts import (
     MODEL_FILE,
     SOURCE_KEYS,
     ArtifactError,
+    open_set_settings,
     read_sources,
     verify_artifacts,
 )
@@ -98,13 +99,15 @@ class EmbeddingService:
     @classmethod
     def from_dir(cls, model_dir: Path, device: str = "cpu", k: int | None = None,
                  max_pixels: int = DEFAULT_MAX_PIXELS) -> "EmbeddingService":
-        """Load from a directory only after every artifact's SHA-256 matched metadata.json."""
+        """Load from a directory only after every artifact's SHA-256 matched metadata.json; the open-set score and
+        threshold are the ones metadata.json records (handler.artifacts.open_set_settings)."""
         model_dir = Path(model_dir)
         metadata = verify_artifacts(model_dir)
         version = metadata.get("preprocessing", {}).get("version")
         if version != PREPROCESSING_VERSION:
             raise ArtifactError(f"artifacts were built with preprocessing version {version!r}, "
                                 f"this handler implements {PREPROCESSING_VERSION!r}")
+        open_set = open_set_settings(metadata)
         model = torch.jit.load(str(model_dir / MODEL_FILE), map_location=device).eval()
         if torch.device(device).type == "cpu":
             # oneDNN kernels for the frozen graph: about 2x faster on CPU (measured: 7.0 -> 3.5 ms for a
@@ -112,7 +115,9 @@ class EmbeddingService:
             model = torch.jit.optimize_for_inference(model)
         searcher = GallerySearcher.from_files(
             model_dir / INDEX_FILE, model_dir / LABELS_FILE, k=k or metadata["k"],
-            threshold=metadata["threshold"], search_params=metadata["index"].get("search_params"),
+            threshold=open_set["threshold"], score=open_set["score"], kth=open_set["kth"],
+            prototypes=open_set["prototypes"],
+            search_params=metadata["index"].get("search_params"),
         )
         sources = read_sources(model_dir, metadata, searcher.index.ntotal)
         return cls(model, searcher, metadata, device, max_pixels, sources)
@@ -156,8 +161,8 @@ class EmbeddingService:
             embeddings = self.embed(np.stack(prepared.tensors))
             timings.embed = time.perf_counter() - started
             started = time.perf_counter()
-            distances, ids = self.searcher.neighbours(embeddings)
-            results = [self.searcher.answer(d, g) for d, g in zip(distances, ids)]
+            distances, ids, scores = self.searcher.search(embeddings)
+            results = [self.searcher.answer(d, g, score) for d, g, score in zip(distances, ids, scores)]
             timings.search = time.perf_counter() - started
             for row, (i, tensor, result) in enumerate(zip(prepared.good, prepared.tensors, results)):
                 if is_blank(tensor):  # nothing to recognise: never a confident answer

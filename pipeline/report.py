@@ -18,7 +18,8 @@ def render_report(metadata: dict, metrics: dict, history: Sequence[dict]) -> str
     lines += _table(("metric", "value"), [
         ("held-out k-NN accuracy", f"{metadata['metrics']['accuracy']:.4f}"),
         ("open-set rejection (synthetic non-digits)", f"{metadata['metrics']['open_set_rejection']:.3f}"),
-        ("unknown threshold (distance)", f"{metadata['threshold']:.4f}"),
+        (f"unknown threshold ({metadata.get('open_set', {}).get('score', 'top1_distance')})",
+         f"{metadata['threshold']:.4f}"),
         ("train / test images", f"{dataset['train']} / {dataset['test']}"),
         ("embedding dim, k", f"{metadata['embedding_dim']}, {metadata['k']}"),
         ("gallery index", f"{index['type']} ({index['size']} vectors)"),

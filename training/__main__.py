@@ -1,4 +1,8 @@
-"""`python -m training`: train the embedding model and build its FAISS gallery into --out."""
+"""`python -m training`: train the embedding model and build its FAISS gallery into --out.
+
+`python -m training eval --artifacts DIR [--ood fashion,synthetic,noise] [--json FILE]`: open-set figures of
+built artifacts (AUROC, share of unknowns flagged, digits accepted, accuracy) as JSON.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,10 @@ import signal
 import sys
 from pathlib import Path
 
-from handler.search import DEFAULT_K
+from handler.search import DEFAULT_K, OPEN_SET_SCORES
 from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threads
 
+from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
 from .index import INDEX_TYPES
 from .train import TrainConfig
 
@@ -24,6 +29,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
     return value
 
 
@@ -42,11 +57,76 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--index", choices=("auto", *INDEX_TYPES), default="auto",
                    help="gallery index: auto (exact below 30k images, IVF above), flat, hnsw or ivf")
     p.add_argument("-k", type=_positive_int, default=DEFAULT_K, help="neighbours in the k-NN vote")
+    p.add_argument("--open-set-score", choices=OPEN_SET_SCORES, default=DEFAULT_OPEN_SET_SCORE,
+                   help="what the unknown threshold is calibrated on and served with")
+    p.add_argument("--kth", type=_positive_int, default=DEFAULT_KTH,
+                   help="neighbour rank of kth_distance (Sun et al. 2022)")
+    p.add_argument("--negatives", type=_non_negative_int, default=None,
+                   help="synthetic non-digits for outlier exposure (0: off; default 4000 when the classes are the "
+                        "ten digits, else 0)")
+    p.add_argument("--oe-weight", type=float, default=defaults.oe_weight, help="weight of the outlier-exposure loss")
+    p.add_argument("--oe-loss", choices=("hinge", "uniform"), default=defaults.oe_loss,
+                   help="outlier-exposure loss (training/model.py ArcFaceHead.outlier_loss)")
+    p.add_argument("--oe-margin", type=float, default=defaults.oe_margin,
+                   help="hinge: largest cosine a non-digit may keep to any class centre")
     p.add_argument("--threads", type=_positive_int, default=env_threads(),
                    help=f"torch intra-op threads (default: $OMP_NUM_THREADS or {DEFAULT_THREADS})")
     p.add_argument("--cache-dir", type=Path, default=None, help=f"download cache (default {cache_root()})")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return p.parse_args(argv)
+
+
+def _ood_list(text: str) -> list[str]:
+    from .evaluate import OOD_SETS
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    bad = [name for name in names if name not in OOD_SETS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(OOD_SETS)}, got {text!r}")
+    return names
+
+
+def parse_eval_args(argv: list[str]) -> argparse.Namespace:
+    from .evaluate import FASHION_DIR, OOD_SETS
+
+    p = argparse.ArgumentParser(prog="python -m training eval",
+                                description="Open-set figures of built artifacts, as served (JSON on stdout).")
+    p.add_argument("--artifacts", type=Path, default=DEFAULT_OUT, help="artifact directory (default artifacts)")
+    p.add_argument("--ood", type=_ood_list, default=list(OOD_SETS),
+                   help=f"unknown sets, comma-separated (default {','.join(OOD_SETS)})")
+    p.add_argument("--data", default=DEFAULT_DATA_SOURCE, help="source of the held-out digits (as for training)")
+    p.add_argument("--fashion-dir", type=Path, default=FASHION_DIR, help="Fashion-MNIST IDX directory")
+    p.add_argument("--n-synthetic", type=_positive_int, default=1000, help="images per synthetic unknown set")
+    p.add_argument("--json", type=Path, default=None, help="also write the JSON to this file")
+    p.add_argument("--threads", type=_positive_int, default=env_threads())
+    return p.parse_args(argv)
+
+
+def eval_main(argv: list[str]) -> int:
+    """`python -m training eval`: print (and optionally write) the open-set evaluation of --artifacts."""
+    import json
+
+    import torch
+
+    from handler.artifacts import ArtifactError
+
+    from .data import DataError
+    from .evaluate import evaluate_open_set
+
+    args = parse_eval_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        if not args.artifacts.is_dir():
+            raise ValueError(f"{args.artifacts}: no such artifact directory")
+        result = evaluate_open_set(args.artifacts, args.ood, args.data, args.fashion_dir, args.n_synthetic)
+        text = json.dumps(result, indent=2)
+        if args.json:
+            args.json.write_text(text + "\n")
+    except (ArtifactError, DataError, ValueError, OSError) as exc:
+        print(f"training eval: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    print(text)
+    return 0
 
 
 def _identity(out: Path) -> tuple[int, int] | None:
@@ -59,18 +139,23 @@ def _identity(out: Path) -> tuple[int, int] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["eval"]:
+        return eval_main(argv[1:])
     args = parse_args(argv)
     from .build import build_artifacts
     from .data import DataError
     from .export import ExportError
 
     config = TrainConfig(epochs=args.epochs, embedding_dim=args.embedding_dim, width=args.width,
-                         batch_size=args.batch_size,
-                         lr=args.lr, seed=args.seed)
+                         batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                         negatives=args.negatives, oe_weight=args.oe_weight, oe_loss=args.oe_loss,
+                         oe_margin=args.oe_margin)
     before = _identity(args.out)
     try:
         metadata = build_artifacts(args.data, args.out, config, args.index, args.k, args.cache_dir,
-                                   args.threads, not args.no_plots, log=lambda line: print(line, flush=True))
+                                   args.threads, not args.no_plots, log=lambda line: print(line, flush=True),
+                                   score=args.open_set_score, kth=args.kth)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # published: too late to interrupt, finish and report
     except (DataError, ExportError, ValueError, OSError) as exc:
         print(f"training: error: {exc}", file=sys.stderr)

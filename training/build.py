@@ -16,6 +16,7 @@ import torch
 from handler.search import DEFAULT_K
 from settings import DEFAULT_THREADS
 
+from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
 from .steps import build_gallery, evaluate_and_finalize, prepare_data, train_and_export
 from .train import TrainConfig
 
@@ -113,7 +114,8 @@ def staged_directory(out: Path) -> Iterator[Path]:
 
 def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str = "auto",
                     k: int = DEFAULT_K, cache_dir: Path | None = None, threads: int = DEFAULT_THREADS,
-                    plots: bool = True, log: Callable[[str], None] = print) -> dict:
+                    plots: bool = True, log: Callable[[str], None] = print,
+                    score: str = DEFAULT_OPEN_SET_SCORE, kth: int = DEFAULT_KTH) -> dict:
     """Data -> trained TorchScript model -> FAISS gallery -> evaluation -> metadata, in `out`."""
     torch.set_num_threads(threads)
     data = prepare_data(source, cache_dir)
@@ -122,5 +124,5 @@ def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str
     with staged_directory(out) as staging:
         train_and_export(data, config, staging, k, log)
         build_gallery(data, staging, index_type, config.seed, log)
-        metadata = evaluate_and_finalize(data, staging, k, plots, log)
+        metadata = evaluate_and_finalize(data, staging, k, plots, log, score, kth)
     return metadata

@@ -3,20 +3,51 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from handler.preprocessing import normalize
 from handler.search import GallerySearcher
 
+if TYPE_CHECKING:
+    from handler.service import EmbeddingService
+
 #: Share of held-out (in-distribution) queries the open-set threshold must accept.
 ACCEPT_QUANTILE = 0.995
+#: The open-set score new artifacts record and serve (handler.search.open_set_score) and its neighbour rank.
+#: prototype_distance: with outlier exposure the non-digits gather in a region where a few training digits also
+#: land, so small-k neighbour distances fail there while class means stay clear (README, "Open-set rejection").
+DEFAULT_OPEN_SET_SCORE = "prototype_distance"
+DEFAULT_KTH = 50
 
 
 def calibrate_threshold(top1_distances: np.ndarray, quantile: float = ACCEPT_QUANTILE) -> float:
-    """Distance below which `quantile` of held-out queries fall; beyond it serving says "unknown"."""
+    """Score below which `quantile` of held-out queries fall; beyond it serving says "unknown"."""
     return float(np.quantile(top1_distances, quantile))
+
+
+def cross_fitted_acceptance(scores: np.ndarray, quantile: float = ACCEPT_QUANTILE) -> float | None:
+    """Share of held-out digits accepted by a threshold calibrated on the other half (even/odd positions, both
+    ways, averaged): what the operating point accepts of digits it has not seen. None below 2 queries."""
+    scores = np.asarray(scores, dtype=np.float64)
+    even = np.arange(len(scores)) % 2 == 0
+    if even.sum() < 1 or (~even).sum() < 1:
+        return None
+    shares = [np.mean(scores[~fold] <= calibrate_threshold(scores[fold], quantile)) for fold in (even, ~even)]
+    return float(np.mean(shares))
+
+
+def auroc(unknown_scores: np.ndarray, known_scores: np.ndarray) -> float:
+    """Area under the ROC curve of "score flags unknown" (Mann-Whitney U): the chance that a random unknown
+    scores higher than a random known query, ties counting one half. +inf scores are allowed."""
+    known = np.sort(np.asarray(known_scores, dtype=np.float64))
+    unknown = np.asarray(unknown_scores, dtype=np.float64)
+    if known.size == 0 or unknown.size == 0:
+        raise ValueError("AUROC needs at least one known and one unknown score")
+    below = np.searchsorted(known, unknown, side="left")
+    at_or_below = np.searchsorted(known, unknown, side="right")
+    return float((below + 0.5 * (at_or_below - below)).sum() / (known.size * unknown.size))
 
 
 #: Quantiles of held-out top-1 distances recorded in metadata.json as the drift baseline.
@@ -137,3 +168,124 @@ def write_plots(out: Path, history: list[dict], matrix: np.ndarray, classes: Seq
     plt.close(fig)
     written.append("embeddings_2d.png")
     return written
+
+
+#: Unknown sets `python -m training eval --ood` knows. None of them is ever used in training or calibration.
+OOD_SETS = ("fashion", "synthetic", "noise")
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian package dataset-fashion-mnist
+
+
+def blank_and_noise(n: int, seed: int = 0) -> np.ndarray:
+    """Blank frames (uniform grey levels) and noise (uniform, Gaussian, salt-and-pepper of several densities),
+    n raw uint8 (n, 28, 28) images in turn."""
+    rng = np.random.default_rng(seed)
+    images = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            img = np.full((28, 28), rng.integers(0, 256))
+        elif kind == 1:
+            img = rng.integers(0, 256, (28, 28))
+        elif kind == 2:
+            img = rng.normal(rng.uniform(60, 200), rng.uniform(10, 60), (28, 28)).clip(0, 255)
+        else:
+            img = (rng.random((28, 28)) < rng.uniform(0.02, 0.3)) * 255
+        images.append(img)
+    return np.asarray(images, dtype=np.uint8).reshape(n, 28, 28)
+
+
+def load_ood_set(name: str, fashion_dir: Path = FASHION_DIR, n: int = 1000, seed: int = 12345) -> np.ndarray:
+    """Raw uint8 images (N, H, W) of an unknown set: Fashion-MNIST's 10,000 test images, the synthetic
+    non-digit probe, or blank/noise frames. Raises ValueError (one line) for an unknown name or missing files."""
+    if name == "fashion":
+        from .data import DataError
+        from .data.idx import IMAGES_MAGIC, read_idx
+
+        path = Path(fashion_dir) / "t10k-images-idx3-ubyte.gz"
+        if not path.is_file() and (Path(fashion_dir) / "t10k-images-idx3-ubyte").is_file():
+            path = Path(fashion_dir) / "t10k-images-idx3-ubyte"
+        if not path.is_file():
+            raise ValueError(f"{path}: Fashion-MNIST test images not found "
+                             "(apt-get install dataset-fashion-mnist, or pass --fashion-dir)")
+        try:
+            return read_idx(path, IMAGES_MAGIC)
+        except DataError as exc:
+            raise ValueError(str(exc)) from None
+    if name == "synthetic":
+        return synthetic_non_digits(n, seed)
+    if name == "noise":
+        return blank_and_noise(n, seed)
+    raise ValueError(f"unknown --ood set {name!r}; choose from {', '.join(OOD_SETS)}")
+
+
+def open_set_scores(service: "EmbeddingService", images: np.ndarray, batch: int = 1024) -> np.ndarray:
+    """The served open-set score of raw uint8 images (N, H, W): the serving preprocessing, model and searcher
+    of an EmbeddingService; +inf for blank inputs, which the service always answers as unknown."""
+    from handler.preprocessing import canvases_from_arrays, is_blank
+
+    out = []
+    for start in range(0, len(images), batch):
+        tensors = normalize(canvases_from_arrays(images[start : start + batch]))
+        scores = service.searcher.scores(service.embed(tensors))
+        blank = np.array([is_blank(t) for t in tensors], dtype=bool)
+        out.append(np.where(blank, np.inf, scores))
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_source: str = "mnist-sample",
+                      fashion_dir: Path = FASHION_DIR, n_synthetic: int = 1000) -> dict:
+    """Open-set figures of served artifacts: held-out accuracy and digit acceptance at the recorded threshold,
+    and per unknown set its AUROC against the held-out digits and the share flagged unknown.
+
+    Digits come from `data_source`'s held-out split, the one the threshold was calibrated on: ``accepted`` is
+    in-sample, ``accepted_cross_fitted`` the share a threshold calibrated on one half accepts of the other.
+    Unknown sets never take part in training or calibration.
+    """
+    import os
+    import platform
+    from datetime import datetime, timezone
+
+    from handler.preprocessing import canvases_from_arrays, is_blank
+    from handler.service import EmbeddingService
+
+    from .data import load_dataset
+
+    unknown_names = list(ood)
+    for name in unknown_names:
+        if name not in OOD_SETS:
+            raise ValueError(f"unknown --ood set {name!r}; choose from {', '.join(OOD_SETS)}")
+    unknown_sets = {name: load_ood_set(name, fashion_dir, n_synthetic) for name in unknown_names}  # fail early
+    service = EmbeddingService.from_dir(Path(artifacts))
+    searcher, metadata = service.searcher, service.metadata
+    threshold = searcher.threshold
+    dataset = load_dataset(data_source)
+    if list(dataset.classes) != metadata.get("dataset", {}).get("classes", list(dataset.classes)):
+        raise ValueError(f"{data_source}: classes differ from the ones the artifacts were trained on")
+    if threshold is None:
+        raise ValueError(f"{artifacts}: metadata.json records no open-set threshold")
+    tensors = normalize(canvases_from_arrays(dataset.test_images))
+    embeddings = service.embed(tensors)
+    answers = searcher.classify(embeddings)
+    accuracy = float(np.mean([a["pred"] == dataset.classes[y] for a, y in zip(answers, dataset.test_labels)]))
+    blank = np.array([is_blank(t) for t in tensors], dtype=bool)
+    digit_scores = np.where(blank, np.inf, searcher.scores(embeddings))
+    accepted = digit_scores <= threshold
+    result = {
+        "artifacts": str(artifacts),
+        "score": searcher.score,
+        "kth": searcher.kth,
+        "threshold": threshold,
+        "seed": metadata.get("training", {}).get("config", {}).get("seed"),
+        "digits": {"source": data_source, "n": int(len(accepted)), "accuracy": accuracy,
+                   "accepted": float(accepted.mean()),
+                   "accepted_cross_fitted": cross_fitted_acceptance(digit_scores)},
+        "unknown": {},
+        "machine": {"load_average_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+                    "platform": platform.platform(terse=True),
+                    "time": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+    }
+    for name, images in unknown_sets.items():
+        scores = open_set_scores(service, images)
+        result["unknown"][name] = {"n": int(len(scores)), "auroc": auroc(scores, digit_scores),
+                                   "flagged": float(np.mean(scores > threshold))}
+    return result

@@ -59,8 +59,25 @@ class ArcFaceHead(nn.Module):
         self.threshold = math.cos(math.pi - margin)
         self.mm = math.sin(math.pi - margin) * margin
 
+    def cosines(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """Cosine of each embedding to each class centre, (N, n_classes)."""
+        return F.linear(embeddings, F.normalize(self.weight, dim=1)).clamp(-1 + 1e-7, 1 - 1e-7)
+
+    def outlier_loss(self, embeddings: torch.Tensor, kind: str = "uniform", margin: float = 0.0) -> torch.Tensor:
+        """Outlier exposure on embeddings of non-digits (Hendrycks et al. 2019).
+
+        ``uniform``: cross-entropy of the scaled cosine logits to the uniform distribution (the paper's loss).
+        ``hinge``: squared excess of the largest cosine over ``margin``, pushing every non-digit out of every
+        class cone, which is what a distance threshold to the classes measures.
+        """
+        cosine = self.cosines(embeddings)
+        if kind == "hinge":
+            return F.relu(cosine.max(dim=1).values - margin).pow(2).mean()
+        logits = self.scale * cosine
+        return (torch.logsumexp(logits, dim=1) - logits.mean(dim=1)).mean()
+
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        cosine = F.linear(embeddings, F.normalize(self.weight, dim=1)).clamp(-1 + 1e-7, 1 - 1e-7)
+        cosine = self.cosines(embeddings)
         sine = torch.sqrt(1.0 - cosine * cosine)
         with_margin = cosine * self.cos_m - sine * self.sin_m
         with_margin = torch.where(cosine > self.threshold, with_margin, cosine - self.mm)

@@ -29,13 +29,23 @@ from handler.artifacts import (
     SOURCES_FILE,
     sha256_file,
 )
-from handler.search import DEFAULT_K, GallerySearcher
+from handler.search import DEFAULT_K, GallerySearcher, class_prototypes
 
 from .data import Dataset, load_dataset
-from .evaluate import calibrate_threshold, drift_baseline, evaluate, open_set_rejection, write_plots
+from .evaluate import (
+    ACCEPT_QUANTILE,
+    DEFAULT_KTH,
+    DEFAULT_OPEN_SET_SCORE,
+    calibrate_threshold,
+    cross_fitted_acceptance,
+    drift_baseline,
+    evaluate,
+    open_set_rejection,
+    write_plots,
+)
 from .export import export_torchscript
 from .index import build_index, default_search_params, recall_at_1, resolve_index_type
-from .train import TrainConfig, embed, train_model
+from .train import TrainConfig, embed, resolve_negatives, train_model
 
 TRAIN_FILE = "train.json"
 INDEX_INFO_FILE = "index.json"
@@ -99,6 +109,7 @@ def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | 
 def train_and_export(data: PreparedData, config: TrainConfig, out: Path, k: int = DEFAULT_K,
                      log: Callable[[str], None] = print) -> dict:
     """Train, export model.pt (TorchScript, parity-checked), write train.json."""
+    config = resolve_negatives(config, data.classes)
     model, history = train_model(data.inputs("train"), data.train_y, data.inputs("test"), data.test_y,
                                  len(data.classes), config, k, log)
     parity = export_torchscript(model, out / MODEL_FILE, data.inputs("test")[:256])
@@ -145,22 +156,37 @@ def present_optional(out: Path) -> list[str]:
 
 
 def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plots: bool = True,
-                          log: Callable[[str], None] = print) -> dict:
-    """Evaluate with the serving searcher, calibrate the open-set threshold, write metadata.json."""
+                          log: Callable[[str], None] = print, score: str = DEFAULT_OPEN_SET_SCORE,
+                          kth: int = DEFAULT_KTH) -> dict:
+    """Evaluate with the serving searcher, calibrate the open-set threshold of `score` on held-out digits only
+    only, write metadata.json."""
     model = load_model(out / MODEL_FILE)
     index_info = json.loads((out / INDEX_INFO_FILE).read_text())
     train_info = json.loads((out / TRAIN_FILE).read_text())
-    searcher = GallerySearcher.from_files(out / INDEX_FILE, out / LABELS_FILE, k=k,
-                                          search_params=index_info["search_params"])
+    prototypes = None
+    if score == "prototype_distance":
+        names, prototypes = class_prototypes(embed(model, data.inputs("train")), [data.classes[y] for y in data.train_y])
+    searcher = GallerySearcher.from_files(out / INDEX_FILE, out / LABELS_FILE, k=k, score=score, kth=kth,
+                                          prototypes=prototypes, search_params=index_info["search_params"])
     test_emb = embed(model, data.inputs("test"))
     result = evaluate(searcher, test_emb, data.test_y, data.classes)
     top1 = result.pop("top1_distances")
-    searcher.threshold = calibrate_threshold(top1)
+    scores = searcher.scores(test_emb)
+    searcher.threshold = calibrate_threshold(scores)
     result["threshold"] = searcher.threshold
+    accepted = cross_fitted_acceptance(scores)
+    result["digits_accepted_cross_fitted"] = accepted
+    open_set = {"score": score, "kth": searcher.kth, "threshold": searcher.threshold,
+                "calibration": {"split": "test", "n": int(len(scores)), "accept_quantile": ACCEPT_QUANTILE,
+                                "accepted_cross_fitted": accepted}}
+    if prototypes is not None:
+        open_set["prototypes"] = {"labels": names, "vectors": prototypes.tolist()}
     baseline = drift_baseline(top1, searcher.threshold)
+    baseline["unknown_rate"] = float(np.mean(scores > searcher.threshold))  # what the served rule answers
     result["open_set_rejection"] = open_set_rejection(searcher, lambda x: embed(model, x))
-    log(f"held-out k-NN accuracy {result['accuracy']:.4f}; unknown threshold {searcher.threshold:.4f} "
-        f"rejects {result['open_set_rejection']:.1%} of synthetic non-digits")
+    log(f"held-out k-NN accuracy {result['accuracy']:.4f}; {score} threshold {searcher.threshold:.4f} accepts "
+        f"{accepted if accepted is not None else float('nan'):.1%} of held-out digits (cross-fitted) "
+        f"and rejects {result['open_set_rejection']:.1%} of synthetic non-digits")
     if plots:
         result["plots"] = write_plots(out, train_info["history"], np.array(result["confusion_matrix"]),
                                       data.classes, test_emb, data.test_y)
@@ -174,6 +200,7 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
         "index": index_info,
         "k": k,
         "threshold": searcher.threshold,
+        "open_set": open_set,
         "metrics": {"accuracy": result["accuracy"], "open_set_rejection": result["open_set_rejection"]},
         "drift_baseline": baseline,
         "training": {key: train_info[key] for key in ("config", "train_seconds", "torchscript_max_abs_diff")},

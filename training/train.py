@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from handler.search import GallerySearcher
 
 from .index import build_index
 from .model import ArcFaceHead, EmbeddingNet
+from .negatives import synthetic_negatives
 
 
 @dataclass
@@ -33,9 +34,30 @@ class TrainConfig:
     max_rotation: float = 10.0  # degrees
     arcface_scale: float = 16.0
     arcface_margin: float = 0.3
+    #: Outlier exposure (training/negatives.py): size of the synthetic non-digit pool (0: off; None: decided by
+    #: training.steps.train_and_export, DIGIT_NEGATIVES for a digit dataset, else 0), negatives per batch as a
+    #: share of batch_size, the loss's weight, kind and margin (ArcFaceHead.outlier_loss).
+    negatives: int | None = None
+    negative_share: float = 0.5
+    oe_weight: float = 1.0
+    oe_loss: str = "hinge"
+    oe_margin: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+#: Synthetic non-digits made for outlier exposure when the classes are the ten digits.
+DIGIT_NEGATIVES = 4000
+
+
+def resolve_negatives(config: TrainConfig, classes: Sequence[str]) -> TrainConfig:
+    """`config` with ``negatives`` decided: kept when set, else DIGIT_NEGATIVES for the classes "0".."9" (the
+    negatives are non-digits; for other data, such as garments, they could be in-distribution) and 0 otherwise."""
+    if config.negatives is not None:
+        return config
+    digits = sorted(str(c) for c in classes) == [str(d) for d in range(10)]
+    return replace(config, negatives=DIGIT_NEGATIVES if digits else 0)
 
 
 @dataclass
@@ -100,6 +122,8 @@ def train_model(
         optimizer, max_lr=config.lr, total_steps=max(1, config.epochs * steps_per_epoch), pct_start=0.2
     )
     x_all, y_all = torch.from_numpy(train_x), torch.from_numpy(train_y)
+    negatives = torch.from_numpy(normalize(synthetic_negatives(config.negatives or 0, seed=config.seed + 1)))
+    per_batch = round(config.batch_size * config.negative_share) if len(negatives) else 0
     history = History()
     started = time.perf_counter()
     for epoch in range(1, config.epochs + 1):
@@ -111,8 +135,13 @@ def train_model(
                    disable=not sys.stderr.isatty(), file=sys.stderr)
         for step in bar:
             idx = order[step * config.batch_size : (step + 1) * config.batch_size]
-            x = augment(x_all[idx], generator, config.max_shift, config.max_rotation)
-            loss = head(model(x), y_all[idx])
+            x = x_all[idx]
+            if per_batch:
+                x = torch.cat([x, negatives[torch.randint(len(negatives), (per_batch,), generator=generator)]])
+            out = model(augment(x, generator, config.max_shift, config.max_rotation))
+            loss = head(out[: len(idx)], y_all[idx])
+            if per_batch:
+                loss = loss + config.oe_weight * head.outlier_loss(out[len(idx):], config.oe_loss, config.oe_margin)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

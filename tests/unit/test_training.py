@@ -28,6 +28,7 @@ from handler.artifacts import (
     SOURCES_FILE,
     ArtifactError,
     artifact_files,
+    open_set_settings,
     sha256_file,
     verify_artifacts,
 )
@@ -56,9 +57,11 @@ def tiny_embeddings(tiny_artifacts, prepared_sample) -> tuple[np.ndarray, np.nda
 
 
 def tiny_searcher(directory: Path, metadata: dict) -> GallerySearcher:
-    """The searcher serving would build from an artifact directory."""
+    """The searcher serving would build from an artifact directory (open-set rule from metadata.json)."""
+    open_set = open_set_settings(metadata)
     return GallerySearcher.from_files(directory / INDEX_FILE, directory / LABELS_FILE, k=metadata["k"],
-                                      threshold=metadata["threshold"],
+                                      threshold=open_set["threshold"], score=open_set["score"], kth=open_set["kth"],
+                                      prototypes=open_set["prototypes"],
                                       search_params=metadata["index"]["search_params"])
 
 
