@@ -1,9 +1,12 @@
-"""Artifact names, checksums and the metadata contract between training and serving."""
+"""Artifact names, checksums and the metadata contract between training and serving, and the two helpers that
+let training and ./archive.sh publish their output atomically and say truthfully what an interrupt left."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,24 @@ SOURCE_KEYS = {"file": "file", "dataset_index": "dataset_index"}
 
 class ArtifactError(Exception):
     """Artifacts are missing, inconsistent or tampered with; the message is one line."""
+
+
+def path_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of `path`, None if absent: publishing by rename puts a new inode there, so this changes."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def remove_tree(path: Path) -> None:
+    """rmtree that finishes even when Ctrl-C arrives during it, so no half-deleted directory is left."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except KeyboardInterrupt:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

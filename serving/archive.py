@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,8 @@ from handler.artifacts import (
     MODEL_FILE,
     ArtifactError,
     artifact_files,
+    path_identity,
+    remove_tree,
     sha256_file,
     verify_artifacts,
 )
@@ -59,7 +62,8 @@ def build_mar(artifacts: Path, export_path: Path, model_name: str = MODEL_NAME, 
     if not Path(model_config).is_file():
         raise ArchiveError(f"{model_config}: model config missing")
     export_path.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{model_name}-", dir=export_path) as tmp:
+    tmp = tempfile.mkdtemp(prefix=f".{model_name}-", dir=export_path)
+    try:
         extras = Path(tmp) / "extras"
         shutil.copytree(HANDLER_PACKAGE, extras / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for name in (*artifact_files(metadata), METADATA_FILE):
@@ -78,6 +82,8 @@ def build_mar(artifacts: Path, export_path: Path, model_name: str = MODEL_NAME, 
             raise ArchiveError(f"torch-model-archiver failed: {detail[-1] if detail else result.returncode}")
         target = export_path / f"{model_name}.mar"
         built.replace(target)
+    finally:
+        remove_tree(Path(tmp))  # also when Ctrl-C lands during the clean-up: no hidden leftovers
     return target
 
 
@@ -97,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export-path", type=Path, default=DEFAULT_MODEL_STORE)
     p.add_argument("--model-config", type=Path, default=MODEL_CONFIG_FILE)
     args = p.parse_args(argv)
+    target = args.export_path / f"{args.model_name}.mar"
+    before = path_identity(target)
     try:
         if not _java_ok():
             raise ArchiveError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
@@ -111,11 +119,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise ArchiveError("training failed (see above)")
         started = time.perf_counter()
         mar = build_mar(args.artifacts, args.export_path, args.model_name, args.version, args.model_config)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # published: too late to interrupt, finish and report
     except ArchiveError as exc:
         print(f"archive: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("archive: interrupted; model store left as it was", file=sys.stderr)
+        if path_identity(target) != before:  # Ctrl-C came after the rename published the new archive
+            print(f"archive: interrupted after the new archive was published to {target}", file=sys.stderr)
+        else:
+            print("archive: interrupted; model store left as it was", file=sys.stderr)
         return 130
     print(f"archive: wrote {mar} ({mar.stat().st_size / 1e6:.2f} MB, sha256 {sha256_file(mar)}) "
           f"in {time.perf_counter() - started:.1f}s")

@@ -7,11 +7,11 @@ built artifacts (AUROC, share of unknowns flagged, digits accepted, accuracy) as
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from pathlib import Path
 
+from handler.artifacts import path_identity
 from handler.search import DEFAULT_K, OPEN_SET_SCORES
 from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threads
 
@@ -129,15 +129,6 @@ def eval_main(argv: list[str]) -> int:
     return 0
 
 
-def _identity(out: Path) -> tuple[int, int] | None:
-    """The output directory's (device, inode): publishing swaps in a new directory, so this changes."""
-    try:
-        st = os.stat(out)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["eval"]:
@@ -151,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                          batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                          negatives=args.negatives, oe_weight=args.oe_weight, oe_loss=args.oe_loss,
                          oe_margin=args.oe_margin)
-    before = _identity(args.out)
+    before = path_identity(args.out)
     try:
         metadata = build_artifacts(args.data, args.out, config, args.index, args.k, args.cache_dir,
                                    args.threads, not args.no_plots, log=lambda line: print(line, flush=True),
@@ -161,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"training: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        if _identity(args.out) != before:  # Ctrl-C came after the atomic swap: the new build is whole and in place
+        if path_identity(args.out) != before:  # Ctrl-C came after the atomic swap: the new build is whole and in place
             print(f"training: interrupted after the new artifacts were published to {args.out}/", file=sys.stderr)
         else:
             print("training: interrupted; previous artifacts left untouched", file=sys.stderr)

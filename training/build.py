@@ -6,13 +6,13 @@ import contextlib
 import ctypes
 import errno
 import os
-import shutil
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
+from handler.artifacts import remove_tree
 from handler.search import DEFAULT_K
 from settings import DEFAULT_THREADS
 
@@ -60,16 +60,7 @@ def _remove_abandoned(out: Path) -> None:
     for stale in out.parent.glob(f".{out.name}.partial-*"):
         owner = stale.name.rsplit(".partial-", 1)[1].split("-", 1)[0]
         if owner.isdigit() and not _pid_alive(int(owner)):
-            _remove_tree(stale)
-
-
-def _remove_tree(path: Path) -> None:
-    """rmtree that finishes even when Ctrl-C arrives during it, so no half-deleted directory is left."""
-    try:
-        shutil.rmtree(path, ignore_errors=True)
-    except KeyboardInterrupt:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
+            remove_tree(stale)
 
 
 @contextlib.contextmanager
@@ -107,9 +98,9 @@ def staged_directory(out: Path) -> Iterator[Path]:
             if previous.exists() and not out.exists():
                 os.replace(previous, out)  # interrupted between the two renames: put the old one back
             raise
-        _remove_tree(previous)
+        remove_tree(previous)
     finally:
-        _remove_tree(staging)
+        remove_tree(staging)
 
 
 def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str = "auto",

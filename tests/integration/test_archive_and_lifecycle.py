@@ -129,3 +129,33 @@ def test_stop_leaves_no_process_and_start_recovers_from_a_killed_frontend(model_
     assert stop(instance) is True
     assert torchserve_processes(instance.workdir) == []
     assert stop(instance) is False
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_ctrl_c_says_truthfully_whether_the_new_archive_was_published(tiny_artifacts, tmp_path, monkeypatch, capsys,
+                                                                       when):
+    """Ctrl-C in the last moments of ./archive.sh may land after the rename: the message must say which."""
+    import signal
+
+    import serving.archive as archive
+
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "embedding.mar").write_bytes(b"old")
+
+    def build_then_interrupt(artifacts, export_path, *args, **kwargs):
+        if when == "after":
+            fresh = export_path / ".fresh"
+            fresh.write_bytes(b"new")
+            fresh.replace(export_path / "embedding.mar")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(archive, "build_mar", build_then_interrupt)
+    monkeypatch.setattr(archive, "_java_ok", lambda: True)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    assert archive.main(["--no-train", "--artifacts", str(tiny_artifacts), "--export-path", str(store)]) == 130
+    err = capsys.readouterr().err
+    if when == "before":
+        assert "model store left as it was" in err and (store / "embedding.mar").read_bytes() == b"old"
+    else:
+        assert f"interrupted after the new archive was published to {store / 'embedding.mar'}" in err
