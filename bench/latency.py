@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shlex
 import statistics
@@ -49,6 +50,7 @@ DEFAULT_CONFIGS = ("shipped", "shipped-copy", "no-batching", "2x1-b8-0ms", "2x1-
 TARGET_P50_RATIO = 1.3
 LOW_C, HIGH_C = 1, 16
 GIB = 2**30
+RATIO_KEYS = ("p50_ms", "p99_ms", "mean_ms", "throughput")
 
 
 def log(line: str) -> None:
@@ -134,9 +136,8 @@ def analyse(trials: dict[str, dict[int, list[dict]]], concurrencies: list[int]) 
                 "cpu": {r: summarize(t["cpu"].get(r, 0.0) for t in ts) for r in roles},
                 "mean_batch": summarize((t.get("split") or {}).get("mean_batch") for t in ts),
                 "queue_ms": summarize((t.get("split") or {}).get("queue") for t in ts),
-                "vs_no_batching": {k: paired(trials, name, "no-batching", c, k)
-                                   for k in ("p50_ms", "p99_ms", "throughput")},
-                "vs_shipped": {k: paired(trials, name, "shipped", c, k) for k in ("p50_ms", "p99_ms", "throughput")},
+                "vs_no_batching": {k: paired(trials, name, "no-batching", c, k) for k in RATIO_KEYS},
+                "vs_shipped": {k: paired(trials, name, "shipped", c, k) for k in RATIO_KEYS},
             }
         rows[name] = row
     return rows
@@ -170,6 +171,33 @@ def verdicts(rows: dict[str, Any], noise: dict[str, float] | None) -> dict[str, 
     return out
 
 
+def verdict_text(result: dict[str, Any]) -> list[str]:
+    """Which configurations meet the target; if none, the closest one; notes the data make necessary."""
+    ver, rows, labels = result["verdicts"], result["rows"], result["labels"]
+    candidates = {n: v for n, v in ver.items() if n not in ("shipped", "shipped-copy", "no-batching")}
+    met = [n for n, v in candidates.items() if v["meets"]]
+    out = []
+    if met:
+        out.append("Meet the target: " + ", ".join(f"`{n}` ({labels[n]}): c=1 p50 {ver[n]['c1_p50_over_no_batching']:.2f}x "
+                                                    f"no-batching, c=16 {ver[n]['c16_throughput_over_shipped']:.3f}x shipped"
+                                                    for n in met) + ".")
+    else:
+        keep = [n for n, v in candidates.items() if v["throughput_ok"] and v["c1_p50_over_no_batching"] is not None]
+        best = min(keep, key=lambda n: candidates[n]["c1_p50_over_no_batching"]) if keep else None
+        out.append("No configuration meets the target (c=1 p50 <= "
+                   f"{TARGET_P50_RATIO}x no-batching with c=16 throughput kept)."
+                   + (f" Closest among those keeping c=16 throughput: `{best}` ({labels[best]}), c=1 p50 "
+                      f"{ver[best]['c1_p50_over_no_batching']:.2f}x no-batching (shipped: "
+                      f"{ver['shipped']['c1_p50_over_no_batching']:.2f}x), c=16 "
+                      f"{ver[best]['c16_throughput_over_shipped']:.3f}x shipped." if best and "shipped" in ver else ""))
+    zero = [n for n in rows if result["configs"][n]["max_batch_delay_ms"] == 0 and result["configs"][n]["batch_size"] > 1]
+    if zero:
+        out.append("maxBatchDelay 0 with batchSize > 1 (" + ", ".join(f"`{n}`" for n in zero) + "): TorchServe 0.12's "
+                   "ModelManager takes a model-config.yaml maxBatchDelay <= 0 as unset and uses its 100 ms default, "
+                   "so a lone request waits 100 ms (see the queue column); 1 ms is the smallest delay it honours.")
+    return out
+
+
 def _f(summary: dict | None, digits: int = 1, spread: bool = False) -> str:
     if not summary or summary.get("median") is None:
         return "n/a"
@@ -186,7 +214,9 @@ def markdown(result: dict[str, Any]) -> str:
     cs = result["settings"]["concurrencies"]
     lines = [
         "# Low-load latency: batch delay / size and worker count (issue #15)", "",
-        f"Command: `{result['command']}`", "",
+        f"Command: `{result['command']}`"
+        + (f" (niceness {result['launch']['nice']}, OMP_NUM_THREADS={result['launch']['OMP_NUM_THREADS']})"
+           if result.get("launch") else ""), "",
         f"Started {result['started']}, finished {result['finished']} ({result['duration_s']:.0f} s). "
         f"Machine: {result['machine']['cpu_model']}, {result['machine']['logical_cores']} cores, "
         f"{result['machine']['memory_gib']} GiB; shared with other work. Data: {result['data']['description']}.", "",
@@ -207,10 +237,10 @@ def markdown(result: dict[str, Any]) -> str:
         + f"; a candidate keeps c=16 throughput when its median paired ratio to shipped is >= {1 - band:.3f}. "
         f"Low-load target: c=1 p50 / no-batching p50 <= {TARGET_P50_RATIO}.", "",
         f"## c={LOW_C} and c={HIGH_C}", "",
-        f"| configuration | c=1 p50 ms | c=1 p99 ms | c=1 p50 / no-batching | c=1 p50 / shipped | c=16 req/s | "
-        "c=16 p99 ms | c=16 req/s / shipped | c=16 req/s / no-batching | c=16 p99 / shipped | c=16 mean batch | "
-        "meets target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| configuration | c=1 p50 ms | c=1 p99 ms | c=1 p50 / no-batching | c=1 p50 / shipped | c=1 mean / "
+        "no-batching | c=16 req/s | c=16 p99 ms | c=16 req/s / shipped | c=16 req/s / no-batching | c=16 p99 / shipped "
+        "| c=16 mean batch | c=16 frontend / workers CPU % | meets target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
         lo, hi = row.get(str(LOW_C), {}), row.get(str(HIGH_C), {})
@@ -220,11 +250,13 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| `{name}` ({labels[name]}) | {_f(lo.get('p50_ms'), 2, True)} | {_f(lo.get('p99_ms'), 2)} | "
             f"{_f(lo.get('vs_no_batching', {}).get('p50_ms'), 2, True)} | "
-            f"{_f(lo.get('vs_shipped', {}).get('p50_ms'), 2)} | {_f(hi.get('throughput'), 0, True)} | "
+            f"{_f(lo.get('vs_shipped', {}).get('p50_ms'), 2)} | {_f(lo.get('vs_no_batching', {}).get('mean_ms'), 2)} | "
+            f"{_f(hi.get('throughput'), 0, True)} | "
             f"{_f(hi.get('p99_ms'), 1)} | {_f(hi.get('vs_shipped', {}).get('throughput'), 3, True)} | "
             f"{_f(hi.get('vs_no_batching', {}).get('throughput'), 3)} | "
-            f"{_f(hi.get('vs_shipped', {}).get('p99_ms'), 2)} | {_f(hi.get('mean_batch'), 1)} | {meets} |")
-    lines += ["", "## Every concurrency", "",
+            f"{_f(hi.get('vs_shipped', {}).get('p99_ms'), 2)} | {_f(hi.get('mean_batch'), 1)} | "
+            f"{_f(hi.get('cpu', {}).get('frontend (java)'), 0)} / {_f(hi.get('cpu', {}).get('worker'), 0)} | {meets} |")
+    lines += ["", "## Verdict", "", "\n\n".join(verdict_text(result)), "", "## Every concurrency", "",
               "| configuration | c | req/s | p50 ms | p99 ms | req/s / shipped | p50 / no-batching | p99 / shipped | "
               "queue ms | mean batch | frontend CPU % | workers CPU % | errors |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -262,11 +294,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--request-images", type=int, default=256)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--name", default="latency", help="output file stem (default latency)")
+    p.add_argument("--render", type=Path, default=None, help="only re-analyse this JSON and rewrite its .md")
     return p.parse_args(argv)
+
+
+def finish(result: dict[str, Any], json_path: Path) -> None:
+    trials = {n: {int(c): ts for c, ts in by_c.items()} for n, by_c in result["trials"].items()}
+    result["rows"] = analyse(trials, result["settings"]["concurrencies"])
+    result["noise_band"] = noise_band(result["rows"])
+    result["verdicts"] = verdicts(result["rows"], result["noise_band"])
+    json_path.write_text(json.dumps(result, indent=1, default=str))
+    json_path.with_suffix(".md").write_text(markdown(result))
+
+
+def render(json_path: Path) -> int:
+    finish(json.loads(json_path.read_text()), json_path)
+    log(f"rewrote {json_path.with_suffix('.md')}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        return render(args.render)
     names = [n for n in args.configs.split(",") if n]
     known = {c.name: c for c in all_configurations()}
     unknown = [n for n in names if n not in known]
@@ -279,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{len(configs)} servers need about {need / GIB:.1f} GiB; not enough memory available")
     command = "python -m bench.latency " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     result: dict[str, Any] = {
-        "schema_version": 1, "command": command, "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "schema_version": 1, "command": command,
+        "launch": {"nice": os.nice(0), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}, "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": env.machine(), "versions": env.versions(), "load": {"start": uptime()},
         "settings": {"configs": names, "concurrencies": concurrencies, "trials": args.trials,
                      "duration_s": args.duration, "warmup_window_s": args.warmup_window,
@@ -334,11 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     result["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     result["duration_s"] = round(time.time() - started, 1)
     result["trials"] = trials
-    result["rows"] = analyse(trials, concurrencies)
-    result["noise_band"] = noise_band(result["rows"])
-    result["verdicts"] = verdicts(result["rows"], result["noise_band"])
-    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1, default=str))
-    (args.out / f"{args.name}.md").write_text(markdown(result))
+    finish(result, args.out / f"{args.name}.json")
     log(f"wrote {args.out}/{args.name}.md and .json in {result['duration_s']:.0f} s")
     for name, v in result["verdicts"].items():
         log(f"  {name}: c=1 p50/no-batching {v['c1_p50_over_no_batching']:.2f}, c=16 req/s/shipped "
