@@ -237,7 +237,7 @@ def markdown(result: dict[str, Any]) -> str:
         + f"; a candidate keeps c=16 throughput when its median paired ratio to shipped is >= {1 - band:.3f}. "
         f"Low-load target: c=1 p50 / no-batching p50 <= {TARGET_P50_RATIO}.", "",
         f"## c={LOW_C} and c={HIGH_C}", "",
-        f"| configuration | c=1 p50 ms | c=1 p99 ms | c=1 p50 / no-batching | c=1 p50 / shipped | c=1 mean / "
+        "| configuration | c=1 p50 ms | c=1 p99 ms | c=1 p50 / no-batching | c=1 p50 / shipped | c=1 mean / "
         "no-batching | c=16 req/s | c=16 p99 ms | c=16 req/s / shipped | c=16 req/s / no-batching | c=16 p99 / shipped "
         "| c=16 mean batch | c=16 frontend / workers CPU % | meets target |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
