@@ -193,8 +193,10 @@ def verdict_text(result: dict[str, Any]) -> list[str]:
     zero = [n for n in rows if result["configs"][n]["max_batch_delay_ms"] == 0 and result["configs"][n]["batch_size"] > 1]
     if zero:
         out.append("maxBatchDelay 0 with batchSize > 1 (" + ", ".join(f"`{n}`" for n in zero) + "): TorchServe 0.12's "
-                   "ModelManager takes a model-config.yaml maxBatchDelay <= 0 as unset and uses its 100 ms default, "
-                   "so a lone request waits 100 ms (see the queue column); 1 ms is the smallest delay it honours.")
+                   "ModelManager takes a model-config.yaml maxBatchDelay <= 0 as unset and falls back to config.properties' "
+                   "`models` JSON, which also ignores values <= 0, then to its 100 ms default: a lone request waits "
+                   "100 ms (see the queue column). 1 ms is the smallest delay TorchServe honours, and a lone request "
+                   "always waits it (Model.pollBatch polls the queue for the remaining delay before sending).")
     return out
 
 
