@@ -35,7 +35,7 @@ from .peers import PATH, PeerConfig, launch, wait_ready
 from .procs import ProcessTree, generic_role, stop_group
 from .series import sweep
 from .stats import summarize
-from .torchserve import TorchServeProbe, TorchServeRun, configurations, shipped_config
+from .torchserve import TorchServeProbe, TorchServeRun, all_configurations, configurations, shipped_config
 
 SECTIONS = ("ceiling", "rest", "grpc", "peers", "coldstart", "gallery")
 DEFAULT_CACHE = cache_root() / "bench"
@@ -90,7 +90,8 @@ def run_torchserve(settings: Settings, data: ServingData, root: Path) -> tuple[l
     rest: list[dict] = []
     grpc_result: dict | None = None
     start_times: list[float] = []
-    configs = [c for c in configurations(settings.quick) if settings.configs is None or c.name in settings.configs]
+    configs = (configurations(settings.quick) if settings.configs is None
+               else [c for c in all_configurations() if c.name in settings.configs])
     for cfg in configs:
         needs_rest = "rest" in settings.sections
         if not needs_rest and not (cfg.shipped and {"grpc", "coldstart"} & set(settings.sections)):
@@ -253,8 +254,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="serve these artifacts instead of the 60k Fashion-MNIST set (quick mode: default artifacts/)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the 60k Fashion-MNIST set is cached")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
-    p.add_argument("--configs", default=None, help="comma-separated TorchServe configurations (default: all of "
-                   + ", ".join(c.name for c in configurations(quick=False)) + ")")
+    p.add_argument("--configs", default=None, help="comma-separated TorchServe configurations (default: "
+                   + ", ".join(c.name for c in configurations(quick=False)) + "; also: "
+                   + ", ".join(c.name for c in all_configurations()[len(configurations(quick=False)):]) + ")")
     p.add_argument("--peers", default=None, help="comma-separated peers (litserve,fastapi; '' for none)")
     p.add_argument("--trials", type=int, default=None, help="trials per figure (default 3; quick 1)")
     p.add_argument("--duration", type=int, default=None, help="seconds per load trial (default 3; quick 1)")

@@ -51,7 +51,10 @@ COUNTERS = ("ts_inference_requests", "ts_inference_latency_microseconds", "ts_qu
 
 @dataclass(frozen=True)
 class TSConfig:
-    """Workers x torch threads, batching, and the gallery index of the .mar ("" = the served artifacts as built)."""
+    """Workers x torch threads, batching, and the gallery index of the .mar ("" = the served artifacts as built).
+
+    `properties` are config.properties overrides (key, value) on top of the repo's file, for frontend settings.
+    """
 
     name: str
     workers: int
@@ -60,11 +63,13 @@ class TSConfig:
     max_batch_delay_ms: int
     index: str = ""
     shipped: bool = False
+    properties: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:
         batching = f"batch {self.batch_size}/{self.max_batch_delay_ms} ms" if self.batch_size > 1 else "no batching"
         extra = f", {self.index} index" if self.index else ""
+        extra += "".join(f", {k}={v}" for k, v in self.properties)
         return f"{self.workers}x{self.threads}, {batching}{extra}"
 
 
@@ -90,6 +95,39 @@ def configurations(quick: bool) -> list[TSConfig]:
         *(TSConfig(f"shipped-{kind}", shipped.workers, shipped.threads, shipped.batch_size, shipped.max_batch_delay_ms,
                    kind) for kind in INDEX_TYPES if kind != resolve_index_type("auto", 60_000)),
     ]
+
+
+#: Frontend settings the latency study compares (TorchServe's defaults are one Netty thread pool per core).
+NETTY_ONE = (("number_of_netty_threads", "1"), ("netty_client_threads", "1"))
+
+
+def latency_candidates() -> list[TSConfig]:
+    """Batch delay / size and worker-count variations around the shipped layout (`python -m bench.latency`).
+
+    `shipped-copy` is the shipped settings in a second server: an A/A control that shows the run's noise.
+    """
+    shipped = shipped_config()
+    return [
+        TSConfig("shipped-copy", shipped.workers, shipped.threads, shipped.batch_size, shipped.max_batch_delay_ms),
+        TSConfig("2x1-b8-0ms", 2, 1, 8, 0),
+        TSConfig("2x1-b8-1ms", 2, 1, 8, 1),
+        TSConfig("2x1-b8-2ms", 2, 1, 8, 2),
+        TSConfig("2x1-b4-0ms", 2, 1, 4, 0),
+        TSConfig("2x1-b4-1ms", 2, 1, 4, 1),
+        TSConfig("3x1-no-batching", 3, 1, 1, 0),
+        TSConfig("3x1-b8-1ms", 3, 1, 8, 1),
+        TSConfig("3x1-b8-2ms", 3, 1, 8, 2),
+        TSConfig("3x1-b4-1ms", 3, 1, 4, 1),
+        TSConfig("shipped-netty1", shipped.workers, shipped.threads, shipped.batch_size, shipped.max_batch_delay_ms,
+                 properties=NETTY_ONE),
+    ]
+
+
+def all_configurations() -> list[TSConfig]:
+    """Every named configuration (`--configs` picks from these): the report's set, then the latency candidates."""
+    known = configurations(quick=False)
+    names = {c.name for c in known}
+    return known + [c for c in latency_candidates() if c.name not in names]
 
 
 def write_model_config(cfg: TSConfig, path: Path) -> Path:
@@ -175,7 +213,7 @@ class TorchServeRun:
         self.artifacts = artifacts
         self.workdir = Path(tempfile.mkdtemp(prefix=f"ts-{cfg.name}-", dir=root))
         self.store = self.workdir / "model_store"
-        self.instance = private_instance(self.workdir / "server")
+        self.instance = private_instance(self.workdir / "server", **dict(cfg.properties))
         self.start_to_ready_s: float | None = None
         self.mar_bytes: int | None = None
 
