@@ -23,7 +23,7 @@ from serving.samples import user_digit_png
 from client import AuthError, EmbeddingClient, LifecycleError, ManagementClient, ModelNotFoundError, UsageError, protos
 from client.lifecycle import lifecycle_properties, mar_manifest, write_lifecycle_config
 from serving.archive import build_mar
-from settings import MODEL_CONFIG_FILE, REPO, read_properties
+from settings import MODEL_CONFIG_FILE, REPO, model_config, read_properties
 
 pytestmark = pytest.mark.serving
 
@@ -92,7 +92,9 @@ def test_status_shows_both_versions_workers_and_batching(served):
     assert status.default == "1.0"
     by_version = {v.version: v for v in status.versions}
     assert set(by_version) == {"1.0", "2.0"} and by_version["1.0"].default and not by_version["2.0"].default
-    assert (by_version["1.0"].batch_size, by_version["1.0"].max_batch_delay) == (8, 5)
+    shipped = model_config()
+    assert (by_version["1.0"].batch_size, by_version["1.0"].max_batch_delay) == (shipped["batchSize"],
+                                                                              shipped["maxBatchDelay"])
     assert [len(by_version[v].workers) for v in ("1.0", "2.0")] == [2, 1]
     for worker in by_version["1.0"].workers + by_version["2.0"].workers:
         assert worker.status == "READY" and isinstance(worker.pid, int) and worker.id
@@ -127,7 +129,7 @@ def test_cli_switches_and_shows_the_default(served, tmp_path):
         status = cli("status", "--json")
         assert status.returncode == 0 and json.loads(status.stdout)["default"] == "2.0"
         text = cli("status")
-        assert "* 2.0" in text.stdout and "READY" in text.stdout and "maxBatchDelay=5ms" in text.stdout
+        assert "* 2.0" in text.stdout and "READY" in text.stdout and f"maxBatchDelay={model_config()['maxBatchDelay']}ms" in text.stdout
         refused = cli("unregister", "2.0")
         assert refused.returncode == 9 and "set another default version first" in refused.stderr
     finally:
