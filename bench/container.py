@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from client import ClientError, ManagementClient
 from pipeline.kserve import API_KEY_ENV, INFERENCE_PORT, METRICS_PORT, stage_layout
 from serving.archive import build_mar
 from settings import DEFAULT_ARTIFACTS, MODEL_NAME, MODEL_VERSION, REPO
@@ -142,9 +143,9 @@ def wait_until(check: Callable[[], bool], alive: Callable[[], bool], started: fl
 def torchserve_ready() -> bool:
     """A worker of the model is READY (what the gateway's /v2/health/ready asks the management API)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{INFERENCE_PORT + 1}/models/{MODEL}", timeout=1) as r:
-            return any(w.get("status") == "READY" for m in json.load(r) for w in m.get("workers", []))
-    except (OSError, ValueError):
+        with ManagementClient(f"http://127.0.0.1:{INFERENCE_PORT + 1}", model=MODEL, timeout=1, retries=0) as mgmt:
+            return any(w.get("status") == "READY" for m in mgmt.describe() for w in m.get("workers", []))
+    except ClientError:
         return False
 
 
