@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/gpu_check.sh [ARTIFACTS_DIR] [OUT_MD]: the GPU check of issue #15 on a rented GPU machine (< 5 minutes).
+# bench/gpu_check.sh [ARTIFACTS_DIR] [OUT_MD]: the GPU check on a rented GPU machine (< 5 minutes).
 #
 # Needs python3 with torch (a CUDA build), faiss-cpu, numpy and pillow; nothing else (PYTHON=... picks the
 # interpreter). Without ARTIFACTS_DIR it first trains tiny artifacts with the shipped architecture (2 epochs,

@@ -1,6 +1,6 @@
 """`python -m bench.latency`: batch delay / size and worker count against the low-load target, interleaved.
 
-Issue #15's target: c=1 p50 <= 1.3x the no-batching p50 and c=16 throughput >= the shipped
+The target: c=1 p50 <= 1.3x the no-batching p50 and c=16 throughput >= the shipped
 configuration's, with one shipped configuration. On a shared 2-core machine absolute figures drift
 from minute to minute, so this study does not measure one configuration after another:
 
@@ -215,7 +215,7 @@ def markdown(result: dict[str, Any]) -> str:
     band = noise["median"] if noise else 0.0
     cs = result["settings"]["concurrencies"]
     lines = [
-        "# Low-load latency: batch delay / size and worker count (issue #15)", "",
+        "# Low-load latency: batch delay / size and worker count", "",
         f"Command: `{result['command']}`"
         + (f" (niceness {result['launch']['nice']}, OMP_NUM_THREADS={result['launch']['OMP_NUM_THREADS']})"
            if result.get("launch") else ""), "",

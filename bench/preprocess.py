@@ -1,6 +1,6 @@
-"""`python -m bench.preprocess [--out bench/results]`: preprocessing time per image, before and after #15.
+"""`python -m bench.preprocess [--out bench/results]`: preprocessing time per image, the frozen version-1 code against today's.
 
-Times `preprocess(bytes)` (decode -> model input) per image for the frozen pre-#15 implementation
+Times `preprocess(bytes)` (decode -> model input) per image for the frozen version-1 implementation
 (bench/preprocess_v1.py) and for today's handler/preprocessing.py, interleaved in one run (alternating
 which goes first), on two corpora made from held-out MNIST digits:
 
@@ -144,14 +144,14 @@ def _versions() -> dict[str, str]:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "# Preprocessing per image (issue #15)",
+        "# Preprocessing per image",
         "",
         f"`{result['command']}` on {result['machine']}, {result['started']}; load average "
         f"{result['load_before']} before, {result['load_after']} after (2 shared cores: absolute figures move with "
         "the load, the ratio is measured pass by pass in the same sitting).",
         "",
         f"Median over {result['reps']} interleaved passes (min-max), microseconds of thread CPU time per image "
-        "(wall time in the JSON), one thread. `v1` is the implementation before #15 (bench/preprocess_v1.py), "
+        "(wall time in the JSON), one thread. `v1` is the implementation before the speed-up (bench/preprocess_v1.py), "
         "`current` handler/preprocessing.py, `decode only` Pillow's Image.open + load of the same bytes (a floor "
         "no change after decoding removes). current / v1 is the median of the per-pass ratios.",
         "",

@@ -1,4 +1,4 @@
-"""handler/preprocessing.py as it was before issue #15 (preprocessing version "1"), frozen.
+"""handler/preprocessing.py as it was before the speed-up (preprocessing version "1"), frozen.
 
 The reference the fast implementation is timed against (python -m bench.preprocess) and compared with,
 tensor for tensor (tests/test_preprocessing_fast.py). Not used for serving or training.

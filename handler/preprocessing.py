@@ -12,7 +12,7 @@ then :func:`normalize` scales it with the MNIST statistics into the float tensor
 model takes. This module imports only numpy and Pillow so that it can be packed into
 the model archive and imported by the handler without the training code.
 
-Speed (issue #15) without a second code path: 8-bit images are handled as uint8 up to the
+Speed without a second code path: 8-bit images are handled as uint8 up to the
 crop (:func:`_canvas_from_uint8`, bit-identical to the float32 steps above), and only
 rotated images are copied by the EXIF step.
 

@@ -68,7 +68,7 @@ def printed_digits(seed: int = 0) -> list[tuple[bytes, str]]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="target missed: 92.4% of printed digits correct, 98% wanted (issue #13). "
+@pytest.mark.xfail(strict=True, reason="target missed: 92.4% of printed digits correct, 98% wanted. "
                    "MNIST's handwritten 1s never have a foot serif, so the DejaVu '1' is read as '2' (24 of 42); "
                    "7% of printed digits are flagged unknown. Needs printed digits in training, not done yet")
 def test_printed_digits_through_the_served_endpoint(product_client, record_property):

@@ -1,4 +1,4 @@
-"""The faster preprocessing of issue #15 against the frozen pre-#15 implementation (bench/preprocess_v1.py).
+"""The faster preprocessing against the frozen version-1 implementation (bench/preprocess_v1.py).
 
 Every input gives the tensor v1 gives, bit for bit, or the same error, except colour (YCbCr) JPEGs, which
 are decoded straight to luma. For those the tolerance is pinned down exactly: the decoded gray differs from
