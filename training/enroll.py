@@ -4,8 +4,8 @@
 
 1. DIR is verified as served (every SHA-256 against metadata.json, the preprocessing version and constants of
    this code, the model's embedding size against the index); DIR is only ever read.
-2. NEW/<label>/*.png goes through the folder loader and the training preprocessing (training.steps.prepare_data's
-   path). Per class, ``--holdout`` of the images (the folder loader's deterministic split, at least one, never
+2. NEW/<label>/*.png is read by the folder loader (training/data/folder.py), each image through the serving
+   preprocessing (decode_image + to_canvas, as a request with those bytes; then normalize). Per class, ``--holdout`` of the images (the folder loader's deterministic split, at least one, never
    all; none for a class of one image) is held out for calibration, the rest is embedded by DIR's model and
    added to the gallery: a flat or HNSW index gets the new vectors appended; an IVF index is rebuilt from all
    vectors (its centroids were trained without the new images).
@@ -95,14 +95,17 @@ def check_artifacts(artifacts: Path) -> dict[str, Any]:
 
 def read_new_images(root: Path, holdout: float, seed: int = 0) -> dict[str, dict[str, Any]]:
     """label -> {"canvases", "files", "gallery" (positions), "held_out" (positions)} of a folder:DIR, every image
-    decoded and preprocessed as training does; DataError names the first bad file or empty class folder."""
+    decoded and preprocessed as served; DataError names the first bad file or empty class folder."""
     from .data.folder import _canvas, _list_images, _split
 
     if not 0.0 <= holdout < 1.0:
         raise DataError(f"--holdout must be in [0, 1), got {holdout}")
     out = {}
     for label, paths in _list_images(Path(root)).items():
-        canvases = preprocessing.canvases_from_arrays(np.stack([_canvas(p) for p in paths]))
+        # The folder loader's canvas is the served one: decode_image + to_canvas of the file's bytes, exactly
+        # what a request with those bytes gets. (training.steps.prepare_data runs to_canvas over it a second
+        # time; to_canvas is not quite idempotent, about 0.3% of pixels move, so that pass is not repeated.)
+        canvases = np.stack([_canvas(p) for p in paths])
         if holdout > 0:
             gallery, held = _split(len(paths), holdout, seed, label)
         else:
