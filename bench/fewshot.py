@@ -1,11 +1,11 @@
-"""Few-shot enrollment benchmark: `python -m bench.fewshot [--out bench/results] [--seed 0] [--work DIR]`.
+"""Few-shot enrollment benchmark: `python -m bench.fewshot [--out bench/results] [--seeds 0,1,2] [--work DIR]`.
 
 Trains the default model (default config, 4,000 synthetic negatives as for the ten digits) on the bundled
 MNIST sample's digits 0-7 only, then enrolls 8 and 9 from --shots training images each with
 `python -m training enroll` (training.enroll.enroll_artifacts), and reports, on the sample's held-out split:
 accuracy on 8 and 9 after enrollment, accuracy on 0-7 before and after, and the share of held-out 8s and 9s
 answered `unknown` at the open-set operating point before (and after) enrollment. Writes fewshot.json and
-fewshot.md into --out. The base model is cached in --work (training takes minutes, enrollment seconds).
+fewshot.md into --out. Base models are cached under --work (training takes minutes, enrollment seconds).
 """
 
 from __future__ import annotations
@@ -72,33 +72,88 @@ def train_base(out: Path, seed: int, epochs: int, log=print, negatives: int | No
     return metadata
 
 
+def seed_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fewshot", description=__doc__)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
-    p.add_argument("--work", type=Path, default=None, help="base model cache (default /tmp/fewshot-seed<S>)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", type=Path, default=None,
+                   help="base model cache root (default /tmp); each seed's base model lives in fewshot-seed<S>-e<E>")
+    p.add_argument("--seeds", type=seed_list, default=[0], help="training seeds, comma-separated (default 0)")
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--shots", type=int, default=10)
     p.add_argument("--draws", type=int, default=5, help="independent draws of --shots images per new class")
     p.add_argument("--negatives", type=int, default=None, help="synthetic negatives (default 4,000, as for digits)")
-    p.add_argument("--train-only", action="store_true", help="only train (or keep) the base model")
+    p.add_argument("--train-only", action="store_true", help="only train (or keep) the base models")
     args = p.parse_args(argv)
     suffix = "" if args.negatives is None else f"-neg{args.negatives}"
-    work = args.work or Path(f"/tmp/fewshot-seed{args.seed}-e{args.epochs}{suffix}")
-    base = work / "base"
     load_start = machine()
-    if not (base / "metadata.json").is_file():
-        started = time.perf_counter()
-        train_base(base, args.seed, args.epochs, log=lambda line: print(line, flush=True), negatives=args.negatives)
-        print(f"base model trained in {time.perf_counter() - started:.0f}s", flush=True)
+    runs = []
+    for seed in args.seeds:
+        work = (args.work or Path("/tmp")) / f"fewshot-seed{seed}-e{args.epochs}{suffix}"
+        base = work / "base"
+        if not (base / "metadata.json").is_file():
+            started = time.perf_counter()
+            train_base(base, seed, args.epochs, log=lambda line: print(line, flush=True), negatives=args.negatives)
+            print(f"base model trained in {time.perf_counter() - started:.0f}s", flush=True)
+        if not args.train_only:
+            runs.append(run(base, work, seed, args.shots, machine(), args.draws))
     if args.train_only:
         return 0
-    result = run(base, work, args.seed, args.shots, load_start, args.draws)
+    result = {"command": "python -m bench.fewshot " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "seeds": runs, "spread": spread(runs), "machine": {"start": load_start, "end": machine()}}
+    text = "\n".join([report_head(result), *(report(r) for r in runs)])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fewshot.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "fewshot.md").write_text(report(result))
-    print(report(result))
+    (args.out / "fewshot.md").write_text(text)
+    print(text)
     return 0
+
+
+def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Across seeds: min and max of each seed's figures (the mean over its draws)."""
+    def span(values: list[float]) -> dict[str, float]:
+        return {"min": float(min(values)), "max": float(max(values)), "mean": float(np.mean(values))}
+
+    return {"new_accuracy": span([r["summary"]["new_accuracy"]["mean"] for r in runs]),
+            "old_accuracy_before": span([r["before"]["old"]["accuracy"] for r in runs]),
+            "old_accuracy_drop_max": span([r["before"]["old"]["accuracy"] - r["summary"]["old_accuracy"]["min"]
+                                           for r in runs]),
+            "new_flagged_before": span([r["before"]["new"]["unknown"] for r in runs]),
+            "new_unknown_after": span([r["summary"]["new_unknown_after"]["mean"] for r in runs]),
+            "ceiling_new_accuracy": span([r["after"][-1]["new"]["accuracy"] for r in runs])}
+
+
+def report_head(result: dict[str, Any]) -> str:
+    """The across-seeds summary that opens fewshot.md."""
+    s, m = result["spread"], result["machine"]
+    seeds = ", ".join(str(r["seed"]) for r in result["seeds"])
+    new_met = s["new_accuracy"]["min"] >= TARGET_NEW_ACCURACY
+    old_met = s["old_accuracy_drop_max"]["max"] <= TARGET_OLD_DROP + 1e-12
+
+    def pct(span: dict[str, float], digits: int = 1) -> str:
+        return f"{span['mean']:.{digits}%} ({span['min']:.{digits}%}-{span['max']:.{digits}%})"
+
+    return "\n".join([
+        "# Few-shot enrollment", "",
+        f"`{result['command']}`; seeds {seeds}; mean (min-max over seeds) of each seed's mean over its draws.", "",
+        "| figure | value | target |", "|---|---|---|",
+        f"| accuracy on held-out 8 and 9 after enrolling 10 of each | {pct(s['new_accuracy'])} | >= 90%: "
+        f"{'met' if new_met else '**MISSED**'} |",
+        f"| accuracy on held-out 0-7 before | {pct(s['old_accuracy_before'], 2)} | |",
+        f"| largest drop on 0-7 after, any draw | {s['old_accuracy_drop_max']['max'] * 100:.2f} pt | <= 0.5 pt: "
+        f"{'met' if old_met else '**MISSED**'} |",
+        f"| held-out 8s and 9s flagged unknown BEFORE enrollment | {pct(s['new_flagged_before'])} | (report) |",
+        f"| held-out 8s and 9s flagged unknown after | {pct(s['new_unknown_after'])} | |",
+        f"| ceiling: accuracy on 8 and 9 with all 400 training images of each enrolled | "
+        f"{pct(s['ceiling_new_accuracy'])} | |", "",
+        f"Load average (1 min) {m['start']['load_average_1m']} at start, {m['end']['load_average_1m']} at end, "
+        f"{m['start']['cpus']} CPUs shared with other jobs; ended {m['end']['time']}.", "", ""])
 
 
 def write_new_images(root: Path, seed: int, shots: int) -> dict[str, list[int]]:
@@ -200,7 +255,7 @@ def report(result: dict) -> str:
     """fewshot.md: before, the per-draw table and the summary, targets marked met or MISSED."""
     before, summary, cfg = result["before"], result["summary"], result["base_training"]["config"]
     lines = [
-        "# Few-shot enrollment (python -m bench.fewshot)", "",
+        f"## Seed {result['seed']}", "",
         f"Base model: default config ({cfg['epochs']} epochs, {cfg['negatives']} synthetic negatives, seed "
         f"{result['seed']}) trained on the bundled MNIST sample's digits 0-7 only ({result['base_training']['train']} "
         f"images, {result['base_training']['train_seconds']:.0f} s); open-set score "
