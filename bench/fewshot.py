@@ -19,9 +19,12 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from training.data import Dataset
 
 BASE_CLASSES = tuple(str(d) for d in range(8))
 NEW_CLASSES = ("8", "9")
@@ -34,7 +37,7 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(terse=True), "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def sample_without(classes: tuple[str, ...]):
+def sample_without(classes: tuple[str, ...]) -> "Dataset":
     """The bundled sample restricted to `classes` (labels re-indexed in that order)."""
     from training.data import Dataset, load_dataset
 
@@ -42,7 +45,8 @@ def sample_without(classes: tuple[str, ...]):
     keep_names = list(classes)
     remap = {ds.classes.index(c): i for i, c in enumerate(keep_names)}
 
-    def pick(images, labels, sources=None):
+    def pick(images: np.ndarray, labels: np.ndarray,
+             sources: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         mask = np.isin(labels, list(remap))
         new = np.array([remap[int(y)] for y in labels[mask]], dtype=np.int64)
         return images[mask], new, (None if sources is None else sources[mask])
@@ -52,7 +56,8 @@ def sample_without(classes: tuple[str, ...]):
     return Dataset("mnist-sample", tr_x, tr_y, te_x, te_y, tuple(keep_names), tr_s, ds.source_kind)
 
 
-def train_base(out: Path, seed: int, epochs: int, log=print, negatives: int | None = None) -> dict:
+def train_base(out: Path, seed: int, epochs: int, log: Callable[[str], None] = print,
+               negatives: int | None = None) -> dict:
     """Train on digits 0-7 of the sample with the default config into `out` (atomically); return metadata."""
     import torch
 
