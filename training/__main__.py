@@ -2,6 +2,9 @@
 
 `python -m training eval --artifacts DIR [--ood fashion,synthetic,noise] [--json FILE]`: open-set figures of
 built artifacts (AUROC, share of unknowns flagged, digits accepted, accuracy) as JSON.
+
+`python -m training enroll --artifacts DIR --data folder:NEW --out DIR2 [--new-only]`: add NEW/<label>/*.png to a
+copy of DIR's gallery without retraining and recalibrate its open-set threshold (training/enroll.py).
 """
 
 from __future__ import annotations
@@ -129,10 +132,55 @@ def eval_main(argv: list[str]) -> int:
     return 0
 
 
+def parse_enroll_args(argv: list[str]) -> argparse.Namespace:
+    from .enroll import DEFAULT_HOLDOUT
+
+    p = argparse.ArgumentParser(prog="python -m training enroll",
+                                description="Add labelled images to a copy of built artifacts without retraining.")
+    p.add_argument("--artifacts", type=Path, required=True, help="artifact directory to enroll into (only read)")
+    p.add_argument("--data", required=True, help="folder:DIR with DIR/<label>/*.png")
+    p.add_argument("--out", type=Path, required=True, help="new artifact directory (published atomically)")
+    p.add_argument("--new-only", action="store_true", help="refuse labels the gallery already holds")
+    p.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT,
+                   help=f"share of each new class held out for threshold calibration (default {DEFAULT_HOLDOUT}; "
+                        "0 enrolls every image)")
+    p.add_argument("--calibration-data", default=None,
+                   help="source DIR was trained on, whose held-out split recalibrates the threshold "
+                        "(default: the recorded dataset when it is mnist-sample)")
+    p.add_argument("--cache-dir", type=Path, default=None)
+    p.add_argument("--threads", type=_positive_int, default=env_threads())
+    return p.parse_args(argv)
+
+
+def enroll_main(argv: list[str]) -> int:
+    """`python -m training enroll`: one summary line, or one error line and exit 1 with nothing written."""
+    import torch
+
+    from handler.artifacts import ArtifactError
+
+    from .data import DataError
+    from .enroll import EnrollError, enroll_artifacts
+
+    args = parse_enroll_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        enroll_artifacts(args.artifacts, args.data, args.out, args.new_only, args.holdout, args.calibration_data,
+                         args.cache_dir, log=lambda line: print(line, flush=True))
+    except (EnrollError, ArtifactError, DataError, ValueError, OSError) as exc:
+        print(f"training enroll: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("training enroll: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["eval"]:
         return eval_main(argv[1:])
+    if argv[:1] == ["enroll"]:
+        return enroll_main(argv[1:])
     args = parse_args(argv)
     from .build import build_artifacts
     from .data import DataError

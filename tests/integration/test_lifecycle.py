@@ -12,6 +12,8 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -112,6 +114,37 @@ def test_each_version_answers_default_switches_and_rolls_back(served, digit):
     assert mgmt.status().default == "1.0" and neighbours(instance, token, digit) == 5
     with pytest.raises(ModelNotFoundError, match="9.9"):
         mgmt.set_default("9.9")
+
+
+def test_requests_during_default_swaps_all_succeed(served, digit):
+    """No downtime: two clients keep sending while the default goes 2.0 -> 1.0 -> 2.0 -> 1.0; every request is
+    answered, and by both versions (3 and 5 neighbours)."""
+    instance, mgmt, token = served
+    stop, answered, errors = threading.Event(), [], []
+
+    def keep_sending() -> None:
+        with EmbeddingClient(instance.endpoints.inference, token=token) as client:
+            while not stop.is_set():
+                try:
+                    answered.append(len(client.predict(digit)["neighbours"]))
+                except Exception as exc:  # any failure during a swap is the finding
+                    errors.append(repr(exc))
+
+    senders = [threading.Thread(target=keep_sending) for _ in range(2)]
+    try:
+        for sender in senders:
+            sender.start()
+        for version in ("2.0", "1.0", "2.0", "1.0"):
+            time.sleep(0.5)
+            mgmt.set_default(version)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for sender in senders:
+            sender.join(timeout=30)
+        mgmt.set_default("1.0")
+    assert not errors, errors[:3]
+    assert set(answered) == {3, 5} and len(answered) > 10
 
 
 def test_cli_switches_and_shows_the_default(served, tmp_path):

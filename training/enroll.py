@@ -1,0 +1,284 @@
+"""Enrollment: new classes and more examples in an existing gallery, without retraining.
+
+`python -m training enroll --artifacts DIR --data folder:NEW --out DIR2 [--new-only] [--holdout 0.2]`
+
+1. DIR is verified as served (every SHA-256 against metadata.json, the preprocessing version and constants of
+   this code, the model's embedding size against the index); DIR is only ever read.
+2. NEW/<label>/*.png is read by the folder loader (training/data/folder.py), each image through the serving
+   preprocessing (decode_image + to_canvas, as a request with those bytes; then normalize). Per class, ``--holdout`` of the images (the folder loader's deterministic split, at least one, never
+   all; none for a class of one image) is held out for calibration, the rest is embedded by DIR's model and
+   added to the gallery: a flat or HNSW index gets the new vectors appended; an IVF index is rebuilt from all
+   vectors (its centroids were trained without the new images).
+3. Class prototypes (handler.search.class_prototypes) are recomputed from the whole new gallery and the
+   open-set threshold is recalibrated as training does (training.steps.evaluate_and_finalize): the
+   ACCEPT_QUANTILE of the served score over held-out images only, here the original source's held-out split
+   (``--calibration-data``, restricted to the classes DIR was trained on and checked against the count
+   metadata.json records) plus the held-out share of the new images.
+4. DIR2 gets model.pt (copied), index.faiss, labels.json, sources.json, index.json, metrics.json and a
+   metadata.json with new SHA-256s and an "enrollment" history, published atomically (staged_directory).
+
+Bad input raises EnrollError with one line before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import faiss
+import numpy as np
+import torch
+
+from handler import preprocessing
+from handler.artifacts import (
+    INDEX_FILE,
+    LABELS_FILE,
+    METADATA_FILE,
+    MODEL_FILE,
+    SOURCES_FILE,
+    ArtifactError,
+    read_sources,
+    open_set_settings,
+    sha256_file,
+    verify_artifacts,
+)
+from handler.search import GallerySearcher, class_prototypes
+
+from .build import staged_directory
+from .data import DataError, load_dataset
+from .evaluate import (
+    ACCEPT_QUANTILE,
+    calibrate_threshold,
+    cross_fitted_acceptance,
+    drift_baseline,
+    open_set_rejection,
+)
+from .index import build_index, default_search_params, recall_at_1
+from .train import embed
+
+DEFAULT_HOLDOUT = 0.2
+#: Files enroll writes itself; everything else checksummed is copied. train.json is copied for the record.
+COPIED = (MODEL_FILE, "train.json")
+INDEX_INFO_FILE = "index.json"
+METRICS_FILE = "metrics.json"
+
+
+class EnrollError(Exception):
+    """Enrollment refused: bad input or artifacts; the message is one line."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def check_artifacts(artifacts: Path) -> dict[str, Any]:
+    """Metadata of `artifacts` once they verify and were built with this code's preprocessing."""
+    try:
+        metadata = verify_artifacts(artifacts)
+        open_set_settings(metadata)
+    except ArtifactError as exc:
+        raise EnrollError(f"{artifacts}: {_one_line(exc)}") from None
+    recorded = metadata.get("preprocessing", {})
+    current = {"version": preprocessing.PREPROCESSING_VERSION, "mean": preprocessing.MEAN, "std": preprocessing.STD,
+               "canvas": preprocessing.CANVAS, "box": preprocessing.BOX}
+    differing = [key for key, value in current.items() if recorded.get(key) != value]
+    if differing:
+        raise EnrollError(f"{artifacts}: built with preprocessing {', '.join(f'{k}={recorded.get(k)!r}' for k in differing)}"
+                          f", this code's is {', '.join(f'{k}={current[k]!r}' for k in differing)}: new images would "
+                          "not be embedded the way the gallery was")
+    return metadata
+
+
+def read_new_images(root: Path, holdout: float, seed: int = 0) -> dict[str, dict[str, Any]]:
+    """label -> {"canvases", "files", "gallery" (positions), "held_out" (positions)} of a folder:DIR, every image
+    decoded and preprocessed as served; DataError names the first bad file or empty class folder."""
+    from .data.folder import _canvas, _list_images, _split
+
+    if not 0.0 <= holdout < 1.0:
+        raise DataError(f"--holdout must be in [0, 1), got {holdout}")
+    out = {}
+    for label, paths in _list_images(Path(root)).items():
+        # The folder loader's canvas is the served one: decode_image + to_canvas of the file's bytes, exactly
+        # what a request with those bytes gets. (training.steps.prepare_data runs to_canvas over it a second
+        # time; to_canvas is not quite idempotent, about 0.3% of pixels move, so that pass is not repeated.)
+        canvases = np.stack([_canvas(p) for p in paths])
+        if holdout > 0:
+            gallery, held = _split(len(paths), holdout, seed, label)
+        else:
+            gallery, held = np.arange(len(paths)), np.zeros(0, dtype=np.int64)
+        out[label] = {"canvases": canvases, "files": [f"{label}/{p.name}" for p in paths],
+                      "gallery": np.sort(gallery), "held_out": np.sort(held)}
+    return out
+
+
+def gallery_vectors(index: faiss.Index) -> np.ndarray:
+    """Every stored vector of a flat, HNSW or IVF-flat index, in id order (float32 (N, D))."""
+    if isinstance(index, faiss.IndexIVF):
+        index.make_direct_map()
+    return index.reconstruct_n(0, index.ntotal)
+
+
+def calibration_images(source: str, metadata: dict[str, Any], cache_dir: Path | None) -> tuple[np.ndarray, list[str]]:
+    """Held-out canvases and labels of the source DIR was trained on, restricted to its training classes."""
+    trained = metadata.get("dataset", {})
+    classes = [str(c) for c in trained.get("classes", [])]
+    dataset = load_dataset(source, cache_dir)
+    keep = np.array([dataset.classes[int(y)] in classes for y in dataset.test_labels], dtype=bool)
+    labels = [dataset.classes[int(y)] for y in dataset.test_labels[keep]]
+    expected = trained.get("test")
+    if not keep.any() or (isinstance(expected, int) and keep.sum() != expected):
+        raise DataError(f"--calibration-data {source}: its held-out split has {int(keep.sum())} images of the "
+                        f"classes the artifacts were trained on, metadata.json records {expected}: not the data "
+                        "they were calibrated on (pass the training source)")
+    return preprocessing.canvases_from_arrays(dataset.test_images[keep]), labels
+
+
+def merged_sources(directory: Path, metadata: dict[str, Any], size: int, dataset_name: str,
+                   new_files: list[str]) -> tuple[dict[str, Any] | None, bool]:
+    """The new sources.json ({"kind", "ids"}) and whether old ids were rewritten: new items are named by their
+    file (``<label>/<name>``); a gallery whose items were dataset indexes gets its old ids written as
+    ``<dataset>#<index>`` file names so one kind covers both. None when DIR has no sources.json."""
+    try:
+        old = read_sources(directory, metadata, size)
+    except ArtifactError as exc:
+        raise EnrollError(_one_line(exc)) from None
+    if old is None:
+        return None, False
+    kind, ids = old
+    if kind == "file":
+        return {"kind": "file", "ids": [*ids, *new_files]}, False
+    return {"kind": "file", "ids": [*(f"{dataset_name}#{i}" for i in ids), *new_files]}, True
+
+
+def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = False,
+                     holdout: float = DEFAULT_HOLDOUT, calibration_data: str | None = None,
+                     cache_dir: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Enroll folder `data` into a copy of `artifacts` published at `out`; return the new metadata."""
+    artifacts, out = Path(artifacts), Path(out)
+    started = time.perf_counter()
+    if not artifacts.is_dir():
+        raise EnrollError(f"{artifacts}: no such artifact directory")
+    src, dst = artifacts.resolve(), out.resolve()
+    if dst == src:
+        raise EnrollError(f"--out {out} is the --artifacts directory: enrollment never rewrites its input")
+    if src in dst.parents or dst in src.parents:
+        raise EnrollError(f"--out {out} and --artifacts {artifacts} are nested: publishing one would change the other")
+    if not data.startswith("folder:"):
+        raise EnrollError(f"--data {data!r}: enroll reads labelled images from folder:DIR (DIR/<label>/*.png)")
+    metadata = check_artifacts(artifacts)
+    dataset_name = str(metadata.get("dataset", {}).get("name", ""))
+    calibration_data = calibration_data or (dataset_name if dataset_name == "mnist-sample" else None)
+    if not calibration_data:
+        raise EnrollError(f"{artifacts} was trained on {dataset_name!r}: pass --calibration-data with that source "
+                          "so the open-set threshold is recalibrated on its held-out split")
+    root = Path(data.split(":", 1)[1])
+    new = read_new_images(root, holdout)
+    old_labels = [str(label) for label in json.loads((artifacts / LABELS_FILE).read_text())]
+    existing = sorted(set(new) & set(old_labels))
+    if new_only and existing:
+        raise EnrollError(f"{root}: label {existing[0]!r} already exists in {artifacts} (--new-only)")
+    cal_canvases, cal_labels = calibration_images(calibration_data, metadata, cache_dir)
+
+    model = torch.jit.load(str(artifacts / MODEL_FILE), map_location="cpu").eval()
+    index = faiss.read_index(str(artifacts / INDEX_FILE))
+    if len(old_labels) != index.ntotal:
+        raise EnrollError(f"{artifacts}: {LABELS_FILE} has {len(old_labels)} labels for {index.ntotal} vectors")
+    probe = embed(model, preprocessing.normalize(cal_canvases[:1]))
+    if probe.shape[1] != index.d:
+        raise EnrollError(f"{artifacts}: model embeds into {probe.shape[1]} dimensions but the index holds {index.d}")
+    old_vectors = gallery_vectors(index)
+
+    add_labels, add_files, add_canvases, held_canvases, held_labels = [], [], [], [], []
+    for label, item in new.items():
+        add_canvases.append(item["canvases"][item["gallery"]])
+        add_labels += [label] * len(item["gallery"])
+        add_files += [item["files"][i] for i in item["gallery"]]
+        held_canvases.append(item["canvases"][item["held_out"]])
+        held_labels += [label] * len(item["held_out"])
+    add_vectors = embed(model, preprocessing.normalize(np.concatenate(add_canvases)))
+    labels = [*old_labels, *add_labels]
+    vectors = np.concatenate([old_vectors, add_vectors]).astype(np.float32)
+
+    index_info = dict(metadata.get("index", {}))
+    kind = index_info.get("type", "flat")
+    build_started = time.perf_counter()
+    if kind == "ivf":
+        index = build_index(vectors, "ivf", int(metadata.get("training", {}).get("config", {}).get("seed", 0)))
+        index_info["rebuilt"] = True
+    else:
+        index.add(np.ascontiguousarray(add_vectors, dtype=np.float32))
+        index_info["rebuilt"] = False
+    index_info.update(size=int(index.ntotal), build_seconds=time.perf_counter() - build_started,
+                      search_params=index_info.get("search_params", default_search_params(kind)))
+
+    settings = open_set_settings(metadata)
+    score, kth = settings["score"], settings["kth"]
+    prototypes, names = None, None
+    if score == "prototype_distance":
+        names, prototypes = class_prototypes(vectors, labels)
+    searcher = GallerySearcher(index, labels, k=int(metadata["k"]), score=score, kth=kth, prototypes=prototypes,
+                               search_params=index_info["search_params"])
+    held = np.concatenate([cal_canvases, *held_canvases])
+    held_y = [*cal_labels, *held_labels]
+    held_emb = embed(model, preprocessing.normalize(held))
+    if kind != "flat":
+        index_info["recall_at_1"] = recall_at_1(index, vectors, held_emb)
+    answers = searcher.classify(held_emb)
+    scores = searcher.scores(held_emb)
+    searcher.threshold = calibrate_threshold(scores)
+    accepted = cross_fitted_acceptance(scores)
+    correct = np.array([a["pred"] == y for a, y in zip(answers, held_y)], dtype=bool)
+    n_cal = len(cal_labels)
+    new_correct = correct[n_cal:]
+    metrics = {
+        "accuracy": float(correct.mean()),
+        "accuracy_original_held_out": float(correct[:n_cal].mean()),
+        "accuracy_new_held_out": float(new_correct.mean()) if new_correct.size else None,
+        "new_held_out_unknown": float(np.mean(scores[n_cal:] > searcher.threshold)) if new_correct.size else None,
+        "open_set_rejection": open_set_rejection(searcher, lambda x: embed(model, x)),
+    }
+    added = {label: int(len(item["gallery"])) for label, item in new.items()}
+    held_out = {label: int(len(item["held_out"])) for label, item in new.items()}
+    open_set = dict(metadata.get("open_set") or {"score": score, "kth": kth})
+    open_set.update(threshold=searcher.threshold, calibration={
+        "split": "test+enroll_holdout", "n": int(len(scores)), "accept_quantile": ACCEPT_QUANTILE,
+        "accepted_cross_fitted": accepted, "source": calibration_data, "source_test": n_cal,
+        "enrolled_held_out": held_out})
+    if prototypes is not None:
+        open_set["prototypes"] = {"labels": names, "vectors": prototypes.tolist()}
+    top1 = np.array([a["dist"] if a["dist"] is not None else np.inf for a in answers])
+    baseline = drift_baseline(top1, searcher.threshold, split="test+enroll_holdout")
+    baseline["unknown_rate"] = float(np.mean(scores > searcher.threshold))
+    sources, rewritten = merged_sources(artifacts, metadata, len(old_labels), dataset_name, add_files)
+    record = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "from": str(artifacts.resolve()),
+              "from_metadata_sha256": sha256_file(artifacts / METADATA_FILE), "data": data, "new_only": new_only,
+              "holdout": holdout, "added": added, "held_out": held_out,
+              "new_labels": sorted(set(new) - set(old_labels)), "existing_labels": existing,
+              "sources_rewritten": rewritten, "seconds": None}
+    new_meta = {**metadata, "created": record["created"], "index": index_info, "threshold": searcher.threshold,
+                "open_set": open_set, "metrics": {k: metrics[k] for k in ("accuracy", "open_set_rejection")},
+                "drift_baseline": baseline, "enrollment": [*metadata.get("enrollment", []), record]}
+    new_meta.pop("sha256", None)
+    with staged_directory(out) as staging:
+        for name in COPIED:
+            if (artifacts / name).is_file():
+                shutil.copy2(artifacts / name, staging / name)
+        faiss.write_index(index, str(staging / INDEX_FILE))
+        (staging / LABELS_FILE).write_text(json.dumps(labels))
+        if sources is not None:
+            (staging / SOURCES_FILE).write_text(json.dumps(sources))
+        (staging / INDEX_INFO_FILE).write_text(json.dumps(index_info, indent=2))
+        (staging / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
+        record["seconds"] = round(time.perf_counter() - started, 3)
+        checksummed = [MODEL_FILE, INDEX_FILE, LABELS_FILE, *([SOURCES_FILE] if sources is not None else [])]
+        new_meta["sha256"] = {name: sha256_file(staging / name) for name in checksummed}
+        (staging / METADATA_FILE).write_text(json.dumps(new_meta, indent=2))
+        verify_artifacts(staging)
+    log(f"enrolled {sum(added.values())} images ({', '.join(f'{k}: {v}' for k, v in added.items())}) into "
+        f"{index.ntotal} gallery items; {score} threshold {searcher.threshold:.4f} recalibrated on {len(scores)} "
+        f"held-out images ({n_cal} from {calibration_data}, {sum(held_out.values())} new)")
+    return new_meta
