@@ -367,17 +367,6 @@ def parse_predict_frame(frame: bytes) -> list[tuple[str, int, str, bytes]]:
     return items
 
 
-@pytest.fixture(scope="module")
-def loaded_handler(tiny_artifacts):
-    from handler.embedding_handler import EmbeddingHandler
-    from support.handler_context import make_context
-
-    context = make_context(tiny_artifacts)
-    handler = EmbeddingHandler()
-    handler.initialize(context)
-    return handler, context
-
-
 
 
 @pytest.mark.parametrize("row,headers", [
@@ -387,12 +376,12 @@ def loaded_handler(tiny_artifacts):
     pytest.param({"r\u00e9sum\u00e9": b"x", "\u00fc": b"y"}, {}, id="non-ascii-field-names"),
     pytest.param({"body": "hello"}, {"body": {"content-type": "text/\u00e9"}}, id="non-ascii-content-type"),
 ])
-def test_error_answers_survive_torchserve_framing(loaded_handler, prepared_sample, row, headers):
+def test_error_answers_survive_torchserve_framing(loaded, prepared_sample, row, headers):
     """A bad item and a good one in one batch, encoded as the worker encodes them and decoded as the frontend does."""
     from ts.context import RequestProcessor
     from ts.protocol.otf_message_handler import create_predict_response
 
-    handler, context = loaded_handler
+    handler, context = loaded
     good = user_digit_png(prepared_sample.test_x[0])
     rows = [row, {"body": good}]
     context.request_processor = [RequestProcessor(headers), RequestProcessor({"body": {"content-type": "image/png"}})]
