@@ -3,7 +3,8 @@
 # podman, buildah, runc, mmdebstrap, uidmap (scripts/build-images.sh builds and runs the images without
 # a Docker daemon or registry), prometheus with promtool (deploy/prometheus/, tests/integration/test_prometheus.py; installed
 # through scripts/prometheus.sh, which keeps Debian's own prometheus service off port 9090). RabbitMQ is
-# installed on demand by scripts/rabbitmq.sh. fonts-dejavu-core renders the printed digits of the product-quality tests.
+# installed on demand by scripts/rabbitmq.sh. fonts-dejavu-core gives training its printed digits and non-digit
+# glyphs; fonts-liberation and fonts-freefont-ttf render the printed digits the product-quality tests check.
 # Installs only what is missing, as root.
 set -euo pipefail
 missing=()
@@ -14,7 +15,9 @@ command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 command -v newuidmap >/dev/null 2>&1 || [ -x /usr/bin/newuidmap ] || missing+=(uidmap)
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
-[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)  # printed-digit tests
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)  # training's glyphs, digits
+[ -d /usr/share/fonts/truetype/liberation ] || missing+=(fonts-liberation)  # the printed-digit exam
+[ -d /usr/share/fonts/truetype/freefont ] || missing+=(fonts-freefont-ttf)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${missing[*]}; install with: sudo apt-get install ${missing[*]}" >&2

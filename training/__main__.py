@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--negatives", type=_non_negative_int, default=None,
                    help="synthetic non-digits for outlier exposure (0: off; default 4000 when the classes are the "
                         "ten digits, else 0)")
+    p.add_argument("--printed", type=_non_negative_int, default=None,
+                   help="printed digits (DejaVu fonts) mixed into training with their labels (0: off; default 2000 "
+                        "when the classes are the ten digits, else 0)")
     p.add_argument("--oe-weight", type=float, default=defaults.oe_weight, help="weight of the outlier-exposure loss")
     p.add_argument("--oe-loss", choices=("hinge", "uniform"), default=defaults.oe_loss,
                    help="outlier-exposure loss (training/model.py ArcFaceHead.outlier_loss)")
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     config = TrainConfig(epochs=args.epochs, embedding_dim=args.embedding_dim, width=args.width,
                          batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                          negatives=args.negatives, oe_weight=args.oe_weight, oe_loss=args.oe_loss,
-                         oe_margin=args.oe_margin)
+                         oe_margin=args.oe_margin, printed=args.printed)
     before = path_identity(args.out)
     try:
         metadata = build_artifacts(args.data, args.out, config, args.index, args.k, args.cache_dir,

@@ -19,6 +19,7 @@ from handler.search import GallerySearcher
 from .index import build_index
 from .model import ArcFaceHead, EmbeddingNet
 from .negatives import synthetic_negatives
+from .printed import printed_digits
 
 
 @dataclass
@@ -42,6 +43,10 @@ class TrainConfig:
     oe_weight: float = 1.0
     oe_loss: str = "hinge"
     oe_margin: float = 0.0
+    #: Printed digits (training/printed.py) in every batch with their labels: pool size (0: off; None: decided
+    #: like ``negatives``, DIGIT_PRINTED for the classes "0".."9" in that order) and share of batch_size.
+    printed: int | None = None
+    printed_share: float = 0.125
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,15 +54,20 @@ class TrainConfig:
 
 #: Synthetic non-digits made for outlier exposure when the classes are the ten digits.
 DIGIT_NEGATIVES = 4000
+#: Printed digits mixed into training when the classes are the ten digits.
+DIGIT_PRINTED = 2000
 
 
 def resolve_negatives(config: TrainConfig, classes: Sequence[str]) -> TrainConfig:
     """`config` with ``negatives`` decided: kept when set, else DIGIT_NEGATIVES for the classes "0".."9" (the
     negatives are non-digits; for other data, such as garments, they could be in-distribution) and 0 otherwise."""
-    if config.negatives is not None:
-        return config
     digits = sorted(str(c) for c in classes) == [str(d) for d in range(10)]
-    return replace(config, negatives=DIGIT_NEGATIVES if digits else 0)
+    if config.negatives is None:
+        config = replace(config, negatives=DIGIT_NEGATIVES if digits else 0)
+    if config.printed is None:  # labels are class indices: the printed digit d must be class d
+        config = replace(config, printed=DIGIT_PRINTED if [str(c) for c in classes] == [str(d) for d in range(10)]
+                         else 0)
+    return config
 
 
 @dataclass
@@ -124,6 +134,9 @@ def train_model(
     x_all, y_all = torch.from_numpy(train_x), torch.from_numpy(train_y)
     negatives = torch.from_numpy(normalize(synthetic_negatives(config.negatives or 0, seed=config.seed + 1)))
     per_batch = round(config.batch_size * config.negative_share) if len(negatives) else 0
+    printed_x, printed_y = printed_digits(config.printed or 0, seed=config.seed + 2)
+    printed_x, printed_y = torch.from_numpy(normalize(printed_x)), torch.from_numpy(printed_y)
+    printed_per_batch = round(config.batch_size * config.printed_share) if len(printed_x) else 0
     history = History()
     started = time.perf_counter()
     for epoch in range(1, config.epochs + 1):
@@ -135,13 +148,17 @@ def train_model(
                    disable=not sys.stderr.isatty(), file=sys.stderr)
         for step in bar:
             idx = order[step * config.batch_size : (step + 1) * config.batch_size]
-            x = x_all[idx]
+            x, y = x_all[idx], y_all[idx]
+            if printed_per_batch:
+                pick = torch.randint(len(printed_x), (printed_per_batch,), generator=generator)
+                x, y = torch.cat([x, printed_x[pick]]), torch.cat([y, printed_y[pick]])
+            labelled = len(y)
             if per_batch:
                 x = torch.cat([x, negatives[torch.randint(len(negatives), (per_batch,), generator=generator)]])
             out = model(augment(x, generator, config.max_shift, config.max_rotation))
-            loss = head(out[: len(idx)], y_all[idx])
+            loss = head(out[:labelled], y)
             if per_batch:
-                loss = loss + config.oe_weight * head.outlier_loss(out[len(idx):], config.oe_loss, config.oe_margin)
+                loss = loss + config.oe_weight * head.outlier_loss(out[labelled:], config.oe_loss, config.oe_margin)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
