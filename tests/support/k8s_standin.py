@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from support.http import send_json
 
 PATH = re.compile(r"^/apis/serving\.kserve\.io/v1beta1/namespaces/([^/]+)/inferenceservices(?:/([^/?]+))?(?:\?.*)?$")
 
@@ -98,12 +99,7 @@ class KubernetesStandin:
                 body = self.rfile.read(length) if length else b""
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 status, answer = standin.handle(self.command, self.path, headers, body)
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, answer)
 
             do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
 

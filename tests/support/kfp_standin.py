@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from serving.server import free_ports
+from support.http import send_json
 
 API = "/apis/v2beta1"
 ROUTES = {  # (method, path) -> name used to inject failures
@@ -131,12 +132,7 @@ def _handler(standin: KfpStandin) -> type[BaseHTTPRequestHandler]:
                               self.rfile.read(length) if length else b"")
             standin.requests.append(request)
             status, payload = standin.answer(request)
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, status, payload)
 
         do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _serve
 

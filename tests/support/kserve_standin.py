@@ -26,6 +26,7 @@ from typing import Any
 
 from handler.requests import RequestError, decode_request
 from handler.service import EmbeddingService
+from support.http import send_json
 
 V1_PREDICT = re.compile(r"^/v1/models/([^/:]+):predict$")
 V1_MODEL = re.compile(r"^/v1/models/([^/:]+)$")
@@ -142,12 +143,7 @@ class KServeStandin:
                 pass
 
             def _send(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
             def _route(self, method: str) -> None:
                 standin.requests.append((method, self.path))

@@ -36,6 +36,7 @@ from client.answers import as_answer
 from client.rest import auth_error
 from client.retry import RetryPolicy
 from settings import REPO
+from support.http import send_json
 
 ANSWER = {"pred": "3", "dist": 0.1, "confidence": 1.0, "unknown": False, "neighbours": [{"label": "3", "dist": 0.1}]}
 
@@ -56,12 +57,7 @@ def scripted_server(responses: list[tuple[int, Any]]) -> Iterator[tuple[str, lis
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             seen.append({"path": self.path, "headers": dict(self.headers), "body": body, "at": time.monotonic()})
             status, answer = next(script)
-            data = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, status, answer)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
