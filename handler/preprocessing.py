@@ -9,7 +9,11 @@ during training, goes through :func:`to_canvas`, so train and serve cannot drift
    28x28 canvas so that its centre of mass sits at the centre, as MNIST was made,
 
 then :func:`normalize` scales it with the MNIST statistics into the float tensor the
-model takes. This module imports only numpy and Pillow so that it can be packed into
+model takes. That is the ``digits`` profile. The ``full-frame`` profile (:func:`to_full_frame`) is
+for centred 28x28 pictures such as Fashion-MNIST, whose outline and size carry the class: it keeps
+the whole frame (fitted into 28x28, aspect kept) and only turns a light background dark. A
+model's metadata.json records its profile and version (:data:`PROFILES`); the handler applies the
+one recorded and refuses one it does not know. This module imports only numpy and Pillow so that it can be packed into
 the model archive and imported by the handler without the training code.
 
 Speed without a second code path: 8-bit images are handled as uint8 up to the
@@ -31,7 +35,8 @@ PREPROCESSING_VERSION stays.
 from __future__ import annotations
 
 import io
-from typing import Union
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -172,6 +177,13 @@ def _place(crop: np.ndarray) -> np.ndarray:
 
 def to_canvas(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Any image (bytes, PIL image or 2-D array) -> uint8 (28, 28), light digit on black, centred."""
+    gray = _gray_array(image, max_pixels)
+    canvas = _canvas_from_uint8(gray) if gray.dtype == np.uint8 else _fit_and_centre(_to_mnist_polarity(gray))
+    return np.round(canvas * 255.0).astype(np.uint8)
+
+
+def _gray_array(image: ImageInput, max_pixels: int) -> np.ndarray:
+    """Bytes, PIL image or 2-D array -> a 2-D grayscale array: uint8 for 8-bit input, else finite float32."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         image = decode_image(bytes(image), max_pixels)
     if isinstance(image, Image.Image):
@@ -185,13 +197,9 @@ def to_canvas(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.nda
             gray = np.asarray(gray, dtype=np.float32)
         if gray.ndim != 2 or gray.size == 0:
             raise InvalidImageError(f"expected a non-empty 2-D grayscale array, got shape {gray.shape}")
-    if gray.dtype == np.uint8:
-        canvas = _canvas_from_uint8(gray)
-    else:
-        if not np.isfinite(gray).all():
-            raise InvalidImageError("image contains non-finite values")
-        canvas = _fit_and_centre(_to_mnist_polarity(gray))
-    return np.round(canvas * 255.0).astype(np.uint8)
+    if gray.dtype != np.uint8 and not np.isfinite(gray).all():
+        raise InvalidImageError("image contains non-finite values")
+    return gray
 
 
 def _canvas_from_uint8(gray: np.ndarray) -> np.ndarray:
@@ -245,16 +253,101 @@ def is_blank(tensor: np.ndarray) -> bool:
 
 
 def normalize(canvases: np.ndarray) -> np.ndarray:
-    """uint8 canvases (N, 28, 28) -> float32 model input (N, 1, 28, 28)."""
-    x = np.asarray(canvases, dtype=np.float32) / 255.0
-    return ((x - MEAN) / STD)[:, None, :, :].astype(np.float32)
+    """uint8 canvases (N, 28, 28) -> float32 model input (N, 1, 28, 28), digits profile."""
+    return DIGITS.normalize(canvases)
 
 
 def preprocess(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """One image -> float32 (1, 28, 28): the exact tensor the model was trained on."""
-    return normalize(to_canvas(image, max_pixels)[None])[0]
+    """One image -> float32 (1, 28, 28): the exact tensor a digits model was trained on."""
+    return DIGITS.preprocess(image, max_pixels)
 
 
 def canvases_from_arrays(images: np.ndarray) -> np.ndarray:
     """The training path: raw uint8 images (N, H, W) -> canonical uint8 canvases (N, 28, 28)."""
-    return np.stack([to_canvas(img) for img in images]) if len(images) else np.zeros((0, CANVAS, CANVAS), np.uint8)
+    return DIGITS.canvases_from_arrays(images)
+
+
+def to_full_frame(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Any image -> uint8 (28, 28) with the whole frame kept: grayscale, a light background (the border's
+    median) inverted to dark, fitted into 28x28 with its aspect kept and padded with black. A 28x28 uint8
+    array on a dark background, such as a Fashion-MNIST image, comes back unchanged. Images with more than
+    8 bits per pixel are stretched to 0..255 first; 8-bit ones keep their levels, which garments need."""
+    gray = _gray_array(image, max_pixels)
+    if gray.dtype != np.uint8:
+        lo, hi = float(gray.min()), float(gray.max())
+        stretched = (gray - lo) * (255.0 / (hi - lo)) if hi - lo > 1e-6 else np.zeros(gray.shape, np.float32)
+        gray = np.round(stretched).astype(np.uint8)
+    border = np.concatenate([gray[0], gray[-1], gray[:, 0], gray[:, -1]])
+    if float(np.median(border)) > 127.5:
+        gray = 255 - gray
+    h, w = gray.shape
+    if (h, w) == (CANVAS, CANVAS):
+        return np.ascontiguousarray(gray)
+    scale = CANVAS / max(h, w)
+    new_h, new_w = max(1, round(h * scale)), max(1, round(w * scale))
+    picture = Image.fromarray(np.ascontiguousarray(gray), "L")
+    resized = picture.resize((new_w, new_h), Image.Resampling.BOX if scale < 1 else Image.Resampling.BILINEAR)
+    canvas = np.zeros((CANVAS, CANVAS), np.uint8)
+    top, left = (CANVAS - new_h) // 2, (CANVAS - new_w) // 2
+    canvas[top : top + new_h, left : left + new_w] = np.asarray(resized)
+    return canvas
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named preprocessing: image -> uint8 canvas, and the statistics that scale canvases into model input.
+
+    ``version`` is bumped whenever the profile's output changes; metadata.json records name and version.
+    """
+
+    name: str
+    version: str
+    canvas: Callable[[ImageInput, int], np.ndarray]
+    mean: float
+    std: float
+
+    def normalize(self, canvases: np.ndarray) -> np.ndarray:
+        """uint8 canvases (N, 28, 28) -> float32 model input (N, 1, 28, 28)."""
+        x = np.asarray(canvases, dtype=np.float32) / 255.0
+        return ((x - self.mean) / self.std)[:, None, :, :].astype(np.float32)
+
+    def preprocess(self, image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+        """One image -> float32 (1, 28, 28): the exact tensor a model of this profile was trained on."""
+        return self.normalize(self.canvas(image, max_pixels)[None])[0]
+
+    def canvases_from_arrays(self, images: np.ndarray) -> np.ndarray:
+        """Raw uint8 images (N, H, W) -> canvases (N, 28, 28), as training reads a dataset."""
+        if not len(images):
+            return np.zeros((0, CANVAS, CANVAS), np.uint8)
+        return np.stack([self.canvas(img, DEFAULT_MAX_PIXELS) for img in images])
+
+    def record(self) -> dict[str, Any]:
+        """What metadata.json keeps of this profile (enroll compares it, the handler checks it)."""
+        return {"profile": self.name, "version": self.version, "mean": self.mean, "std": self.std,
+                "canvas": CANVAS, **({"box": BOX} if self is DIGITS else {})}
+
+
+#: Digits as MNIST was made (crop to content, 20x20 box, centre of mass); MNIST statistics.
+DIGITS = Profile("digits", PREPROCESSING_VERSION, to_canvas, MEAN, STD)
+#: Whole frame kept; the customary Fashion-MNIST training-set statistics.
+FULL_FRAME = Profile("full-frame", "1", to_full_frame, 0.2860, 0.3530)
+PROFILES = {profile.name: profile for profile in (DIGITS, FULL_FRAME)}
+
+
+class ProfileError(ValueError):
+    """metadata.json names a preprocessing this code does not implement."""
+
+
+def profile_of(metadata: Mapping[str, Any]) -> Profile:
+    """The profile a model's metadata.json records. Metadata from before profiles (no ``profile`` key) is
+    ``digits``; an unknown name or another version raises ProfileError (one line)."""
+    recorded = metadata.get("preprocessing") or {}
+    name = recorded.get("profile", DIGITS.name)
+    profile = PROFILES.get(name)
+    if profile is None:
+        raise ProfileError(f"artifacts were built with preprocessing profile {name!r}, this handler implements "
+                           f"{', '.join(repr(p) for p in PROFILES)}")
+    if recorded.get("version") != profile.version:
+        raise ProfileError(f"artifacts were built with {name} preprocessing version {recorded.get('version')!r}, "
+                           f"this handler implements {profile.version!r}")
+    return profile

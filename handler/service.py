@@ -21,7 +21,7 @@ from .artifacts import (
     read_sources,
     verify_artifacts,
 )
-from .preprocessing import DEFAULT_MAX_PIXELS, PREPROCESSING_VERSION, InvalidImageError, is_blank, preprocess
+from .preprocessing import DEFAULT_MAX_PIXELS, InvalidImageError, ProfileError, is_blank, profile_of
 from .requests import RequestError, error_answer
 from .search import GallerySearcher
 
@@ -81,6 +81,8 @@ class EmbeddingService:
         self.model = model
         self.searcher = searcher
         self.metadata = metadata
+        #: The preprocessing the model was trained with (raises ProfileError for one this code does not know).
+        self.profile = profile_of(metadata)
         self.device = torch.device(device)
         self.max_pixels = max_pixels
         #: (kind, id per gallery item) recorded by training; None for artifacts older than sources.json.
@@ -103,10 +105,10 @@ class EmbeddingService:
         threshold are the ones metadata.json records (handler.artifacts.open_set_settings)."""
         model_dir = Path(model_dir)
         metadata = verify_artifacts(model_dir)
-        version = metadata.get("preprocessing", {}).get("version")
-        if version != PREPROCESSING_VERSION:
-            raise ArtifactError(f"artifacts were built with preprocessing version {version!r}, "
-                                f"this handler implements {PREPROCESSING_VERSION!r}")
+        try:
+            profile_of(metadata)
+        except ProfileError as exc:
+            raise ArtifactError(str(exc)) from None
         open_set = open_set_settings(metadata)
         model = torch.jit.load(str(model_dir / MODEL_FILE), map_location=device).eval()
         if torch.device(device).type == "cpu":
@@ -136,7 +138,7 @@ class EmbeddingService:
             try:
                 if isinstance(payload, RequestError):
                     raise payload
-                prepared.tensors.append(preprocess(payload, self.max_pixels))
+                prepared.tensors.append(self.profile.preprocess(payload, self.max_pixels))
                 prepared.good.append(i)
             except (RequestError, InvalidImageError) as exc:
                 prepared.answers[i] = error_answer(exc)

@@ -18,15 +18,15 @@ component = dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False, 
 
 
 @component
-def load_data(source: str, dataset: Output[Dataset]) -> None:
-    """Load and validate a data source; write the preprocessed canvases as .npz."""
+def load_data(source: str, preprocessing: str, dataset: Output[Dataset]) -> None:
+    """Load and validate a data source; write the canvases of the preprocessing profile as .npz."""
     from pathlib import Path
 
     from training.steps import prepare_data
 
-    data = prepare_data(source)
+    data = prepare_data(source, profile=preprocessing)
     data.save(Path(dataset.path))
-    dataset.metadata.update({"format": "npz", **data.summary()})
+    dataset.metadata.update({"format": "npz", "preprocessing": data.profile, **data.summary()})
 
 
 @component

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from handler.search import DEFAULT_K
 from settings import DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_NAME_RULE, MODEL_VERSION
 from training.index import INDEX_TYPES
+from training.steps import PROFILE_CHOICES
 from training.train import TrainConfig
 
 from .kserve import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
@@ -60,6 +61,8 @@ class Param:
 _TRAIN = TrainConfig()
 PARAMS: tuple[Param, ...] = (
     Param("data_source", str, DEFAULT_DATA_SOURCE, f"{DEFAULT_DATA_SOURCE}, idx:DIR, download:mnist or folder:DIR"),
+    Param("preprocessing", str, "auto", "preprocessing profile (auto: full-frame for Fashion-MNIST, else digits)",
+          choices=PROFILE_CHOICES),
     Param("epochs", int, _TRAIN.epochs, "training epochs", check=_positive),
     Param("embedding_dim", int, _TRAIN.embedding_dim, "embedding size", check=_positive),
     Param("width", int, _TRAIN.width, "channels of the first conv blocks (later ones 2x, 4x)", check=_positive),

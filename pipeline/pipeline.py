@@ -28,6 +28,7 @@ def _deploy_kserve(storage_secret, **inputs) -> dsl.PipelineTask:
               "for TorchServe, and deploy it when it beats the quality gate.")
 def mnist_embedding_pipeline(
     data_source: str = D["data_source"],
+    preprocessing: str = D["preprocessing"],
     epochs: int = D["epochs"],
     embedding_dim: int = D["embedding_dim"],
     width: int = D["width"],
@@ -53,7 +54,7 @@ def mnist_embedding_pipeline(
     storage_secret: str = D["storage_secret"],
     kserve_dry_run: bool = D["kserve_dry_run"],
 ):
-    data = load_data(source=data_source)
+    data = load_data(source=data_source, preprocessing=preprocessing)
     trained = train(dataset=data.outputs["dataset"], epochs=epochs, embedding_dim=embedding_dim, width=width,
                     seed=seed, k=k)
     indexed = build_index(dataset=data.outputs["dataset"], model=trained.outputs["model"], index_type=index_type,

@@ -4,7 +4,8 @@
 # a Docker daemon or registry), prometheus with promtool (deploy/prometheus/, tests/integration/test_prometheus.py; installed
 # through scripts/prometheus.sh, which keeps Debian's own prometheus service off port 9090). RabbitMQ is
 # installed on demand by scripts/rabbitmq.sh. fonts-dejavu-core gives training its printed digits and non-digit
-# glyphs; fonts-liberation and fonts-freefont-ttf render the printed digits the product-quality tests check.
+# glyphs; fonts-liberation and fonts-freefont-ttf render the printed digits the product-quality tests check;
+# dataset-fashion-mnist is the open-set exam of the digit model and the second dataset (full-frame profile).
 # Installs only what is missing, as root.
 set -euo pipefail
 missing=()
@@ -18,6 +19,7 @@ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || 
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)  # training's glyphs, digits
 [ -d /usr/share/fonts/truetype/liberation ] || missing+=(fonts-liberation)  # the printed-digit exam
 [ -d /usr/share/fonts/truetype/freefont ] || missing+=(fonts-freefont-ttf)
+[ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)  # the open-set exam, the second dataset
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${missing[*]}; install with: sudo apt-get install ${missing[*]}" >&2

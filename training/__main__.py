@@ -20,6 +20,7 @@ from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threa
 
 from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
 from .index import INDEX_TYPES
+from .steps import PROFILE_CHOICES
 from .train import TrainConfig
 
 DEFAULT_OUT = Path("artifacts")
@@ -51,6 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default=DEFAULT_DATA_SOURCE,
                    help=f"{DEFAULT_DATA_SOURCE} (default, offline), idx:DIR, download:mnist or folder:DIR")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (replaced atomically)")
+    p.add_argument("--preprocessing", choices=PROFILE_CHOICES, default="auto",
+                   help="preprocessing profile: digits (crop to the strokes, 20x20 box, as MNIST), full-frame (whole "
+                        "28x28 frame, for centred pictures such as Fashion-MNIST) or auto (default: full-frame for "
+                        "Fashion-MNIST, else digits); recorded in metadata.json and applied by the handler")
     p.add_argument("--epochs", type=_positive_int, default=defaults.epochs)
     p.add_argument("--embedding-dim", type=_positive_int, default=defaults.embedding_dim)
     p.add_argument("--width", type=_positive_int, default=defaults.width, help="channels of the first conv block")
@@ -197,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         metadata = build_artifacts(args.data, args.out, config, args.index, args.k, args.cache_dir,
                                    args.threads, not args.no_plots, log=lambda line: print(line, flush=True),
-                                   score=args.open_set_score, kth=args.kth)
+                                   score=args.open_set_score, kth=args.kth, profile=args.preprocessing)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # published: too late to interrupt, finish and report
     except (DataError, ExportError, ValueError, OSError) as exc:
         print(f"training: error: {exc}", file=sys.stderr)

@@ -106,12 +106,13 @@ def staged_directory(out: Path) -> Iterator[Path]:
 def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str = "auto",
                     k: int = DEFAULT_K, cache_dir: Path | None = None, threads: int = DEFAULT_THREADS,
                     plots: bool = True, log: Callable[[str], None] = print,
-                    score: str = DEFAULT_OPEN_SET_SCORE, kth: int = DEFAULT_KTH) -> dict:
-    """Data -> trained TorchScript model -> FAISS gallery -> evaluation -> metadata, in `out`."""
+                    score: str = DEFAULT_OPEN_SET_SCORE, kth: int = DEFAULT_KTH, profile: str = "auto") -> dict:
+    """Data -> trained TorchScript model -> FAISS gallery -> evaluation -> metadata, in `out`. ``profile``: the
+    preprocessing profile's name, or auto (the dataset's, training.steps.DATASET_PROFILES)."""
     torch.set_num_threads(threads)
-    data = prepare_data(source, cache_dir)
+    data = prepare_data(source, cache_dir, profile=profile)
     log(f"data {data.name}: {len(data.train_x)} train / {len(data.test_x)} test images, "
-        f"{len(data.classes)} classes")
+        f"{len(data.classes)} classes, {data.profile} preprocessing")
     with staged_directory(out) as staging:
         train_and_export(data, config, staging, k, log)
         build_gallery(data, staging, index_type, config.seed, log)

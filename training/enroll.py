@@ -83,8 +83,10 @@ def check_artifacts(artifacts: Path) -> dict[str, Any]:
     except ArtifactError as exc:
         raise EnrollError(f"{artifacts}: {_one_line(exc)}") from None
     recorded = metadata.get("preprocessing", {})
-    current = {"version": preprocessing.PREPROCESSING_VERSION, "mean": preprocessing.MEAN, "std": preprocessing.STD,
-               "canvas": preprocessing.CANVAS, "box": preprocessing.BOX}
+    try:
+        current = preprocessing.profile_of(metadata).record()
+    except preprocessing.ProfileError as exc:
+        raise EnrollError(f"{artifacts}: {_one_line(exc)}") from None
     differing = [key for key, value in current.items() if recorded.get(key) != value]
     if differing:
         raise EnrollError(f"{artifacts}: built with preprocessing {', '.join(f'{k}={recorded.get(k)!r}' for k in differing)}"
@@ -93,7 +95,8 @@ def check_artifacts(artifacts: Path) -> dict[str, Any]:
     return metadata
 
 
-def read_new_images(root: Path, holdout: float, seed: int = 0) -> dict[str, dict[str, Any]]:
+def read_new_images(root: Path, holdout: float, seed: int = 0,
+                    profile: preprocessing.Profile = preprocessing.DIGITS) -> dict[str, dict[str, Any]]:
     """label -> {"canvases", "files", "gallery" (positions), "held_out" (positions)} of a folder:DIR, every image
     decoded and preprocessed as served; DataError names the first bad file or empty class folder."""
     from .data.folder import _canvas, _list_images, _split
@@ -105,7 +108,7 @@ def read_new_images(root: Path, holdout: float, seed: int = 0) -> dict[str, dict
         # The folder loader's canvas is the served one: decode_image + to_canvas of the file's bytes, exactly
         # what a request with those bytes gets. (training.steps.prepare_data runs to_canvas over it a second
         # time; to_canvas is not quite idempotent, about 0.3% of pixels move, so that pass is not repeated.)
-        canvases = np.stack([_canvas(p) for p in paths])
+        canvases = np.stack([_canvas(p, profile) for p in paths])
         if holdout > 0:
             gallery, held = _split(len(paths), holdout, seed, label)
         else:
@@ -126,7 +129,8 @@ def calibration_images(source: str, metadata: dict[str, Any], cache_dir: Path | 
     """Held-out canvases and labels of the source DIR was trained on, restricted to its training classes."""
     trained = metadata.get("dataset", {})
     classes = [str(c) for c in trained.get("classes", [])]
-    dataset = load_dataset(source, cache_dir)
+    profile = preprocessing.profile_of(metadata)
+    dataset = load_dataset(source, cache_dir, profile.name)
     keep = np.array([dataset.classes[int(y)] in classes for y in dataset.test_labels], dtype=bool)
     labels = [dataset.classes[int(y)] for y in dataset.test_labels[keep]]
     expected = trained.get("test")
@@ -134,7 +138,7 @@ def calibration_images(source: str, metadata: dict[str, Any], cache_dir: Path | 
         raise DataError(f"--calibration-data {source}: its held-out split has {int(keep.sum())} images of the "
                         f"classes the artifacts were trained on, metadata.json records {expected}: not the data "
                         "they were calibrated on (pass the training source)")
-    return preprocessing.canvases_from_arrays(dataset.test_images[keep]), labels
+    return profile.canvases_from_arrays(dataset.test_images[keep]), labels
 
 
 def merged_sources(directory: Path, metadata: dict[str, Any], size: int, dataset_name: str,
@@ -176,7 +180,8 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
         raise EnrollError(f"{artifacts} was trained on {dataset_name!r}: pass --calibration-data with that source "
                           "so the open-set threshold is recalibrated on its held-out split")
     root = Path(data.split(":", 1)[1])
-    new = read_new_images(root, holdout)
+    profile = preprocessing.profile_of(metadata)
+    new = read_new_images(root, holdout, profile=profile)
     old_labels = [str(label) for label in json.loads((artifacts / LABELS_FILE).read_text())]
     existing = sorted(set(new) & set(old_labels))
     if new_only and existing:
@@ -187,7 +192,7 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
     index = faiss.read_index(str(artifacts / INDEX_FILE))
     if len(old_labels) != index.ntotal:
         raise EnrollError(f"{artifacts}: {LABELS_FILE} has {len(old_labels)} labels for {index.ntotal} vectors")
-    probe = embed(model, preprocessing.normalize(cal_canvases[:1]))
+    probe = embed(model, profile.normalize(cal_canvases[:1]))
     if probe.shape[1] != index.d:
         raise EnrollError(f"{artifacts}: model embeds into {probe.shape[1]} dimensions but the index holds {index.d}")
     old_vectors = gallery_vectors(index)
@@ -199,7 +204,7 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
         add_files += [item["files"][i] for i in item["gallery"]]
         held_canvases.append(item["canvases"][item["held_out"]])
         held_labels += [label] * len(item["held_out"])
-    add_vectors = embed(model, preprocessing.normalize(np.concatenate(add_canvases)))
+    add_vectors = embed(model, profile.normalize(np.concatenate(add_canvases)))
     labels = [*old_labels, *add_labels]
     vectors = np.concatenate([old_vectors, add_vectors]).astype(np.float32)
 
@@ -224,7 +229,7 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
                                search_params=index_info["search_params"])
     held = np.concatenate([cal_canvases, *held_canvases])
     held_y = [*cal_labels, *held_labels]
-    held_emb = embed(model, preprocessing.normalize(held))
+    held_emb = embed(model, profile.normalize(held))
     if kind != "flat":
         index_info["recall_at_1"] = recall_at_1(index, vectors, held_emb)
     answers = searcher.classify(held_emb)

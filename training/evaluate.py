@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from handler.preprocessing import normalize
+from handler.preprocessing import DIGITS, Profile
 from handler.search import GallerySearcher
 
 if TYPE_CHECKING:
@@ -113,9 +113,10 @@ def evaluate(searcher: GallerySearcher, test_embeddings: np.ndarray, test_labels
     }
 
 
-def open_set_rejection(searcher: GallerySearcher, embed_fn, n: int = 300) -> float:
-    """Share of synthetic non-digit images that the calibrated threshold answers as unknown."""
-    answers = searcher.classify(embed_fn(normalize(synthetic_non_digits(n))))
+def open_set_rejection(searcher: GallerySearcher, embed_fn, n: int = 300, profile: Profile = DIGITS) -> float:
+    """Share of synthetic non-digit images that the calibrated threshold answers as unknown (the images are
+    canvases already; ``profile`` scales them as the model's inputs)."""
+    answers = searcher.classify(embed_fn(profile.normalize(synthetic_non_digits(n))))
     return float(np.mean([a["unknown"] for a in answers]))
 
 
@@ -221,11 +222,11 @@ def load_ood_set(name: str, fashion_dir: Path = FASHION_DIR, n: int = 1000, seed
 def open_set_scores(service: "EmbeddingService", images: np.ndarray, batch: int = 1024) -> np.ndarray:
     """The served open-set score of raw uint8 images (N, H, W): the serving preprocessing, model and searcher
     of an EmbeddingService; +inf for blank inputs, which the service always answers as unknown."""
-    from handler.preprocessing import canvases_from_arrays, is_blank
+    from handler.preprocessing import is_blank
 
     out = []
     for start in range(0, len(images), batch):
-        tensors = normalize(canvases_from_arrays(images[start : start + batch]))
+        tensors = service.profile.normalize(service.profile.canvases_from_arrays(images[start : start + batch]))
         scores = service.searcher.scores(service.embed(tensors))
         blank = np.array([is_blank(t) for t in tensors], dtype=bool)
         out.append(np.where(blank, np.inf, scores))
@@ -245,7 +246,7 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
     import platform
     from datetime import datetime, timezone
 
-    from handler.preprocessing import canvases_from_arrays, is_blank
+    from handler.preprocessing import is_blank
     from handler.service import EmbeddingService
 
     from .data import load_dataset
@@ -258,12 +259,12 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
     service = EmbeddingService.from_dir(Path(artifacts))
     searcher, metadata = service.searcher, service.metadata
     threshold = searcher.threshold
-    dataset = load_dataset(data_source)
+    dataset = load_dataset(data_source, profile=service.profile.name)
     if list(dataset.classes) != metadata.get("dataset", {}).get("classes", list(dataset.classes)):
         raise ValueError(f"{data_source}: classes differ from the ones the artifacts were trained on")
     if threshold is None:
         raise ValueError(f"{artifacts}: metadata.json records no open-set threshold")
-    tensors = normalize(canvases_from_arrays(dataset.test_images))
+    tensors = service.profile.normalize(service.profile.canvases_from_arrays(dataset.test_images))
     embeddings = service.embed(tensors)
     answers = searcher.classify(embeddings)
     accuracy = float(np.mean([a["pred"] == dataset.classes[y] for a, y in zip(answers, dataset.test_labels)]))

@@ -67,9 +67,14 @@ class PreparedData:
     classes: tuple[str, ...]
     train_sources: np.ndarray | None = None
     source_kind: str | None = None
+    profile: str = preprocessing.DIGITS.name
+
+    @property
+    def preprocessing(self) -> preprocessing.Profile:
+        return preprocessing.PROFILES[self.profile]
 
     def inputs(self, split: str) -> np.ndarray:
-        return preprocessing.normalize(self.train_x if split == "train" else self.test_x)
+        return self.preprocessing.normalize(self.train_x if split == "train" else self.test_x)
 
     def summary(self) -> dict:
         return {"name": self.name, "train": len(self.train_x), "test": len(self.test_x), "classes": list(self.classes)}
@@ -80,7 +85,8 @@ class PreparedData:
         sources = {} if self.train_sources is None else {"train_sources": self.train_sources,
                                                          "source_kind": np.array(self.source_kind)}
         np.savez(tmp, name=np.array(self.name), train_x=self.train_x, train_y=self.train_y,
-                 test_x=self.test_x, test_y=self.test_y, classes=np.array(self.classes, dtype=str), **sources)
+                 test_x=self.test_x, test_y=self.test_y, classes=np.array(self.classes, dtype=str),
+                 profile=np.array(self.profile), **sources)
         tmp.replace(path)
 
     @classmethod
@@ -88,30 +94,51 @@ class PreparedData:
         with np.load(path, allow_pickle=False) as f:
             sources = (f["train_sources"], str(f["source_kind"])) if "train_sources" in f.files else (None, None)
             return cls(str(f["name"]), f["train_x"], f["train_y"], f["test_x"], f["test_y"],
-                       tuple(str(c) for c in f["classes"]), *sources)
+                       tuple(str(c) for c in f["classes"]), *sources, profile=str(f["profile"]))
 
 
-def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | None = None) -> PreparedData:
-    """Load a source and apply the serving preprocessing's array path to every image."""
-    ds = dataset or load_dataset(source, cache_dir)
+#: Datasets whose own preprocessing profile is not ``digits`` (by Dataset.name); everything else is digits.
+DATASET_PROFILES = {"fashion-mnist": preprocessing.FULL_FRAME.name}
+#: ``--preprocessing`` values: a profile's name, or auto (from the dataset, DATASET_PROFILES).
+PROFILE_CHOICES = ("auto", *preprocessing.PROFILES)
+
+
+def resolve_profile(choice: str, dataset_name: str) -> str:
+    """The profile a build uses: ``choice`` unless it is auto, then the dataset's (DATASET_PROFILES, else digits)."""
+    if choice == "auto":
+        return DATASET_PROFILES.get(dataset_name, preprocessing.DIGITS.name)
+    if choice not in preprocessing.PROFILES:
+        raise ValueError(f"unknown preprocessing profile {choice!r}: use {', '.join(PROFILE_CHOICES)}")
+    return choice
+
+
+def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | None = None,
+                 profile: str = "auto") -> PreparedData:
+    """Load a source and apply the serving preprocessing's array path (``profile``, auto: the dataset's) to every
+    image."""
+    if profile != "auto":
+        resolve_profile(profile, "")  # an unknown name fails before any data is read
+    ds = dataset or load_dataset(source, cache_dir, profile=None if profile == "auto" else profile)
+    chosen = preprocessing.PROFILES[resolve_profile(profile, ds.name)]
     return PreparedData(
         ds.name,
-        preprocessing.canvases_from_arrays(ds.train_images),
+        chosen.canvases_from_arrays(ds.train_images),
         ds.train_labels.astype(np.int64),
-        preprocessing.canvases_from_arrays(ds.test_images),
+        chosen.canvases_from_arrays(ds.test_images),
         ds.test_labels.astype(np.int64),
         tuple(ds.classes),
         ds.train_sources,
         ds.source_kind,
+        chosen.name,
     )
 
 
 def train_and_export(data: PreparedData, config: TrainConfig, out: Path, k: int = DEFAULT_K,
                      log: Callable[[str], None] = print) -> dict:
     """Train, export model.pt (TorchScript, parity-checked), write train.json."""
-    config = resolve_negatives(config, data.classes)
+    config = resolve_negatives(config, data.classes, data.profile)
     model, history = train_model(data.inputs("train"), data.train_y, data.inputs("test"), data.test_y,
-                                 len(data.classes), config, k, log)
+                                 len(data.classes), config, k, log, data.preprocessing)
     parity = export_torchscript(model, out / MODEL_FILE, data.inputs("test")[:256])
     log(f"TorchScript export: max abs difference vs eager {parity:.2e}")
     info = {"config": config.to_dict(), "history": history.epochs, "train_seconds": history.seconds,
@@ -183,7 +210,7 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
         open_set["prototypes"] = {"labels": names, "vectors": prototypes.tolist()}
     baseline = drift_baseline(top1, searcher.threshold)
     baseline["unknown_rate"] = float(np.mean(scores > searcher.threshold))  # what the served rule answers
-    result["open_set_rejection"] = open_set_rejection(searcher, lambda x: embed(model, x))
+    result["open_set_rejection"] = open_set_rejection(searcher, lambda x: embed(model, x), profile=data.preprocessing)
     log(f"held-out k-NN accuracy {result['accuracy']:.4f}; {score} threshold {searcher.threshold:.4f} accepts "
         f"{accepted if accepted is not None else float('nan'):.1%} of held-out digits (cross-fitted) "
         f"and rejects {result['open_set_rejection']:.1%} of synthetic non-digits")
@@ -195,8 +222,7 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "dataset": data.summary(),
         "embedding_dim": int(searcher.dim),
-        "preprocessing": {"version": preprocessing.PREPROCESSING_VERSION, "mean": preprocessing.MEAN,
-                          "std": preprocessing.STD, "canvas": preprocessing.CANVAS, "box": preprocessing.BOX},
+        "preprocessing": data.preprocessing.record(),
         "index": index_info,
         "k": k,
         "threshold": searcher.threshold,

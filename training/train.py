@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from handler.preprocessing import normalize
+from handler.preprocessing import DIGITS, Profile
 from handler.search import GallerySearcher
 
 from .index import build_index
@@ -33,6 +33,8 @@ class TrainConfig:
     seed: int = 0
     max_shift: float = 2.0  # pixels
     max_rotation: float = 10.0  # degrees
+    #: Mirror half of each batch left-right (None: decided by the preprocessing profile, PROFILE_HFLIP).
+    hflip: bool | None = None
     arcface_scale: float = 16.0
     arcface_margin: float = 0.3
     #: Outlier exposure (training/negatives.py): size of the synthetic non-digit pool (0: off; None: decided by
@@ -52,15 +54,20 @@ class TrainConfig:
         return asdict(self)
 
 
+#: Left-right mirroring per preprocessing profile: a mirrored digit is another symbol, a mirrored garment the same.
+PROFILE_HFLIP = {"digits": False, "full-frame": True}
 #: Synthetic non-digits made for outlier exposure when the classes are the ten digits.
 DIGIT_NEGATIVES = 4000
 #: Printed digits mixed into training when the classes are the ten digits.
 DIGIT_PRINTED = 2000
 
 
-def resolve_negatives(config: TrainConfig, classes: Sequence[str]) -> TrainConfig:
+def resolve_negatives(config: TrainConfig, classes: Sequence[str], profile: str = DIGITS.name) -> TrainConfig:
     """`config` with ``negatives`` decided: kept when set, else DIGIT_NEGATIVES for the classes "0".."9" (the
-    negatives are non-digits; for other data, such as garments, they could be in-distribution) and 0 otherwise."""
+    negatives are non-digits; for other data, such as garments, they could be in-distribution) and 0 otherwise;
+    ``printed`` likewise, and ``hflip`` from the preprocessing profile."""
+    if config.hflip is None:
+        config = replace(config, hflip=PROFILE_HFLIP[profile])
     digits = sorted(str(c) for c in classes) == [str(d) for d in range(10)]
     if config.negatives is None:
         config = replace(config, negatives=DIGIT_NEGATIVES if digits else 0)
@@ -82,15 +89,19 @@ def seed_everything(seed: int) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def augment(x: torch.Tensor, generator: torch.Generator, max_shift: float, max_rotation: float) -> torch.Tensor:
-    """Random small rotation and shift per image (one affine grid for the batch)."""
+def augment(x: torch.Tensor, generator: torch.Generator, max_shift: float, max_rotation: float,
+            hflip: bool = False, profile: Profile = DIGITS) -> torch.Tensor:
+    """Random small rotation and shift per image, and a left-right mirror of half the images when ``hflip``
+    (one affine grid for the batch)."""
     n = x.shape[0]
     angle = (torch.rand(n, generator=generator) * 2 - 1) * math.radians(max_rotation)
     shift = (torch.rand(n, 2, generator=generator) * 2 - 1) * (2 * max_shift / x.shape[-1])
+    mirror = torch.where(torch.rand(n, generator=generator) < 0.5, -1.0, 1.0) if hflip else torch.ones(n)
     cos, sin = torch.cos(angle), torch.sin(angle)
-    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
+    theta = torch.stack([torch.stack([cos * mirror, -sin, shift[:, 0]], 1),
+                         torch.stack([sin * mirror, cos, shift[:, 1]], 1)], 1)
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    background = float(normalize(np.zeros((1, 1, 1), np.uint8)).reshape(()))
+    background = float(profile.normalize(np.zeros((1, 1, 1), np.uint8)).reshape(()))
     # Pad with the normalised background value, not zero, so shifted-in borders look like MNIST.
     return F.grid_sample(x - background, grid, padding_mode="zeros", align_corners=False) + background
 
@@ -119,8 +130,10 @@ def train_model(
     config: TrainConfig,
     k: int,
     log: Callable[[str], None] = print,
+    profile: Profile = DIGITS,
 ) -> tuple[EmbeddingNet, History]:
-    """Train on normalised inputs (N, 1, 28, 28); returns the eval-mode model and per-epoch history."""
+    """Train on normalised inputs (N, 1, 28, 28) of ``profile``; returns the eval-mode model and per-epoch
+    history."""
     seed_everything(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     model = EmbeddingNet(config.embedding_dim, config.width)
@@ -132,10 +145,10 @@ def train_model(
         optimizer, max_lr=config.lr, total_steps=max(1, config.epochs * steps_per_epoch), pct_start=0.2
     )
     x_all, y_all = torch.from_numpy(train_x), torch.from_numpy(train_y)
-    negatives = torch.from_numpy(normalize(synthetic_negatives(config.negatives or 0, seed=config.seed + 1)))
+    negatives = torch.from_numpy(profile.normalize(synthetic_negatives(config.negatives or 0, seed=config.seed + 1)))
     per_batch = round(config.batch_size * config.negative_share) if len(negatives) else 0
     printed_x, printed_y = printed_digits(config.printed or 0, seed=config.seed + 2)
-    printed_x, printed_y = torch.from_numpy(normalize(printed_x)), torch.from_numpy(printed_y)
+    printed_x, printed_y = torch.from_numpy(profile.normalize(printed_x)), torch.from_numpy(printed_y)
     printed_per_batch = round(config.batch_size * config.printed_share) if len(printed_x) else 0
     history = History()
     started = time.perf_counter()
@@ -155,7 +168,7 @@ def train_model(
             labelled = len(y)
             if per_batch:
                 x = torch.cat([x, negatives[torch.randint(len(negatives), (per_batch,), generator=generator)]])
-            out = model(augment(x, generator, config.max_shift, config.max_rotation))
+            out = model(augment(x, generator, config.max_shift, config.max_rotation, bool(config.hflip), profile))
             loss = head(out[:labelled], y)
             if per_batch:
                 loss = loss + config.oe_weight * head.outlier_loss(out[labelled:], config.oe_loss, config.oe_margin)

@@ -157,7 +157,21 @@ def _preprocessing_differs(art: Path, new: Path) -> tuple[Path, str]:
     meta = json.loads((art / METADATA_FILE).read_text())
     meta["preprocessing"]["version"] = "0"
     (art / METADATA_FILE).write_text(json.dumps(meta))
-    return art, "preprocessing version='0'"
+    return art, "digits preprocessing version '0'"
+
+
+def _unknown_profile(art: Path, new: Path) -> tuple[Path, str]:
+    meta = json.loads((art / METADATA_FILE).read_text())
+    meta["preprocessing"]["profile"] = "sketches"
+    (art / METADATA_FILE).write_text(json.dumps(meta))
+    return art, "preprocessing profile 'sketches'"
+
+
+def _statistics_differ(art: Path, new: Path) -> tuple[Path, str]:
+    meta = json.loads((art / METADATA_FILE).read_text())
+    meta["preprocessing"]["std"] = 0.5
+    (art / METADATA_FILE).write_text(json.dumps(meta))
+    return art, "built with preprocessing std=0.5"
 
 
 def _index_from_other_run(art: Path, new: Path) -> tuple[Path, str]:
@@ -171,11 +185,13 @@ def _index_from_other_run(art: Path, new: Path) -> tuple[Path, str]:
     (_empty_class, [], None),
     (_model_differs, [], None),
     (_preprocessing_differs, [], None),
+    (_unknown_profile, [], None),
+    (_statistics_differ, [], None),
     (_index_from_other_run, [], None),
     (None, ["--new-only"], "label '7' already exists"),
     ("same", [], "is the --artifacts directory"),
     ("nested", [], "are nested"),
-], ids=["unreadable-image", "empty-class", "model-sha", "preprocessing", "index-sha", "new-only", "out-is-in",
+], ids=["unreadable-image", "empty-class", "model-sha", "preprocessing", "unknown-profile", "statistics", "index-sha", "new-only", "out-is-in",
         "out-nested"])
 def test_bad_input_one_line_and_nothing_written(tmp_path, tiny_artifacts, capsys, break_it, extra, expected):
     art = tmp_path / "art"

@@ -73,8 +73,11 @@ class Dataset:
         }
 
 
-def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None) -> Dataset:
-    """Resolve a ``--data`` value to a Dataset; raises DataError with a one-line reason."""
+def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None, profile: str | None = None) -> Dataset:
+    """Resolve a ``--data`` value to a Dataset; raises DataError with a one-line reason.
+
+    ``profile`` (a preprocessing profile's name, default digits) is how a ``folder:`` source's images of any
+    size become 28x28; array sources are returned raw and preprocessed by training.steps.prepare_data."""
     cache_dir = Path(cache_dir) if cache_dir else cache_root()
     if source == DEFAULT_SOURCE:
         from .sample import load_mnist_sample
@@ -88,7 +91,9 @@ def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None) ->
     if source.startswith("folder:"):
         from .folder import load_image_folder
 
-        return load_image_folder(Path(source.split(":", 1)[1]))
+        from handler.preprocessing import DIGITS, PROFILES
+
+        return load_image_folder(Path(source.split(":", 1)[1]), profile=PROFILES[profile or DIGITS.name])
     path = Path(source.split(":", 1)[1] if source.startswith("idx:") else source)
     if path.is_dir():
         from .idx import load_idx_dir

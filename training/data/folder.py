@@ -7,15 +7,16 @@ from pathlib import Path
 
 import numpy as np
 
-from handler.preprocessing import InvalidImageError, decode_image, to_canvas
+from handler.preprocessing import DEFAULT_MAX_PIXELS, DIGITS, InvalidImageError, Profile, decode_image
 
 from . import DataError, Dataset
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 
 
-def load_image_folder(root: Path, test_fraction: float = 0.2, seed: int = 0) -> Dataset:
-    """Labels are the sub-directory names; a deterministic stratified split per class.
+def load_image_folder(root: Path, test_fraction: float = 0.2, seed: int = 0, profile: Profile = DIGITS) -> Dataset:
+    """Labels are the sub-directory names; a deterministic stratified split per class; each image is turned into
+    ``profile``'s canvas as a request with its bytes would be.
 
     Each class with at least two images puts ``round(n * test_fraction)`` of them (at least
     one, at most n - 1) in test; a class with a single image goes to train.
@@ -28,7 +29,7 @@ def load_image_folder(root: Path, test_fraction: float = 0.2, seed: int = 0) -> 
     images, labels, sources, train, test = [], [], [], [], []
     for label, (name, paths) in enumerate(files.items()):
         first = len(images)
-        images.extend(_canvas(p) for p in paths)
+        images.extend(_canvas(p, profile) for p in paths)
         sources.extend(f"{name}/{p.name}" for p in paths)
         labels.extend([label] * len(paths))
         cls_train, cls_test = _split(len(paths), test_fraction, seed, name)
@@ -69,9 +70,9 @@ def _list_images(root: Path) -> dict[str, list[Path]]:
     return files
 
 
-def _canvas(path: Path) -> np.ndarray:
+def _canvas(path: Path, profile: Profile = DIGITS) -> np.ndarray:
     try:
-        return to_canvas(decode_image(path.read_bytes()))
+        return profile.canvas(decode_image(path.read_bytes()), DEFAULT_MAX_PIXELS)
     except (InvalidImageError, OSError, ValueError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise DataError(f"{path}: {reason}") from None

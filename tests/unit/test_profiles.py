@@ -1,0 +1,204 @@
+"""Preprocessing profiles (handler/preprocessing.py): the full-frame profile's contract, how a build picks a
+profile and records it, and the handler serving a full-frame model with the profile its metadata names."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+from support.handler_context import make_context, run_batch
+from support.idx_fixtures import write_idx
+
+from handler.artifacts import METADATA_FILE, ArtifactError
+from handler.embedding_handler import EmbeddingHandler
+from handler.preprocessing import (
+    CANVAS,
+    DIGITS,
+    FULL_FRAME,
+    PROFILES,
+    InvalidImageError,
+    ProfileError,
+    profile_of,
+    to_full_frame,
+)
+from handler.service import EmbeddingService
+from training.__main__ import main as training_main
+from training.data import Dataset
+from training.data.idx import FASHION_CLASSES
+from training.steps import PROFILE_CHOICES, prepare_data, resolve_profile
+from training.train import PROFILE_HFLIP, augment
+
+
+def png(array: np.ndarray, mode: str = "L") -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array, mode).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def garment(seed: int, label: int = 0) -> np.ndarray:
+    """A Fashion-MNIST-like picture: a light shape filling most of a black 28x28 frame, varied levels."""
+    rng = np.random.default_rng(seed)
+    image = np.zeros((CANVAS, CANVAS), np.uint8)
+    top, left = 2 + label % 3, 4 + label % 5
+    image[top : CANVAS - 2, left : CANVAS - left] = rng.integers(40, 256, (CANVAS - 2 - top, CANVAS - 2 * left))
+    return image
+
+
+dark_border_images = st.integers(0, 2**32 - 1).map(lambda seed: garment(seed, seed % 10))
+
+
+@settings(max_examples=50, deadline=None)
+@given(dark_border_images)
+def test_full_frame_leaves_a_centred_28x28_picture_as_it_is(image):
+    """Training reads Fashion-MNIST arrays through the same function: they must come out untouched, and the
+    same picture posted as PNG must give the very tensor training used."""
+    np.testing.assert_array_equal(to_full_frame(image), image)
+    np.testing.assert_array_equal(FULL_FRAME.preprocess(png(image)), FULL_FRAME.normalize(image[None])[0])
+
+
+def test_full_frame_turns_a_light_background_dark():
+    image = garment(3)
+    np.testing.assert_array_equal(to_full_frame(png(255 - image)), image)
+
+
+def test_full_frame_keeps_the_aspect_and_pads_with_black():
+    wide = np.full((40, 80), 200, np.uint8)  # a uniform light bar on a dark frame, twice as wide as high
+    wide[0], wide[-1], wide[:, 0], wide[:, -1] = 0, 0, 0, 0
+    canvas = to_full_frame(png(wide))
+    rows = np.flatnonzero(canvas.max(axis=1) > 0)
+    assert canvas.shape == (CANVAS, CANVAS)
+    assert rows[0] == 7 and rows[-1] == 20  # 80 -> 28 wide, 40 -> 14 high, centred: rows 7..20
+    assert canvas[:7].max() == 0 and canvas[21:].max() == 0
+    assert canvas[10:18, 2:26].min() > 150  # the bar itself, brightness kept (no contrast stretch)
+
+
+def test_full_frame_keeps_8_bit_levels_and_stretches_wider_ones():
+    image = (garment(5) // 2).astype(np.uint8)  # a dim picture: levels up to 127
+    assert to_full_frame(image).max() == image.max()  # garments' brightness is information
+    wide = garment(5).astype(np.uint16) * 256  # 16-bit PNG
+    assert to_full_frame(Image.fromarray(wide.astype(np.int32), "I")).max() == 255
+
+
+@pytest.mark.parametrize("bad", [np.zeros((0, 5), np.uint8), np.zeros((3, 3, 3), np.uint8),
+                                 np.array([[np.nan, 1.0], [0.0, 1.0]], np.float32)], ids=["empty", "3-d", "nan"])
+def test_full_frame_refuses_what_it_cannot_read_with_a_clear_error(bad):
+    with pytest.raises(InvalidImageError):
+        to_full_frame(bad)
+
+
+def test_a_blank_image_is_a_blank_tensor_in_both_profiles():
+    white = png(np.full((30, 50), 255, np.uint8))
+    for profile in PROFILES.values():
+        assert np.ptp(profile.preprocess(white)) == 0
+
+
+def test_profile_of_reads_metadata_and_refuses_what_it_does_not_implement():
+    assert profile_of({"preprocessing": {"version": "1"}}) is DIGITS  # metadata from before profiles
+    assert profile_of({"preprocessing": FULL_FRAME.record()}) is FULL_FRAME
+    with pytest.raises(ProfileError, match="profile 'sketches'"):
+        profile_of({"preprocessing": {"profile": "sketches", "version": "1"}})
+    with pytest.raises(ProfileError, match="full-frame preprocessing version '9'"):
+        profile_of({"preprocessing": {"profile": "full-frame", "version": "9"}})
+
+
+def test_auto_profile_follows_the_dataset_and_a_flag_overrides_it():
+    assert resolve_profile("auto", "fashion-mnist") == "full-frame"
+    assert resolve_profile("auto", "mnist") == resolve_profile("auto", "mnist-sample") == "digits"
+    assert resolve_profile("digits", "fashion-mnist") == "digits"
+    assert set(PROFILE_CHOICES) == {"auto", *PROFILES}
+    with pytest.raises(ValueError, match="unknown preprocessing profile"):
+        resolve_profile("sketches", "mnist")
+
+
+def fashion_like(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    labels = np.arange(n) % 10
+    return np.stack([garment(seed * 100_000 + i, int(y)) for i, y in enumerate(labels)]), labels
+
+
+def test_prepare_data_reads_fashion_mnist_full_frame_unchanged():
+    train_x, train_y = fashion_like(40, 0)
+    test_x, test_y = fashion_like(20, 1)
+    ds = Dataset("fashion-mnist", train_x, train_y, test_x, test_y, FASHION_CLASSES)
+    data = prepare_data("unused", dataset=ds)
+    assert data.profile == "full-frame"
+    np.testing.assert_array_equal(data.train_x, train_x)
+    assert prepare_data("unused", dataset=ds, profile="digits").profile == "digits"
+
+
+def test_hflip_mirrors_about_half_of_the_batch_and_nothing_else():
+    x = torch.from_numpy(FULL_FRAME.normalize(fashion_like(64, 2)[0]))
+    out = augment(x, torch.Generator().manual_seed(0), max_shift=0.0, max_rotation=0.0, hflip=True, profile=FULL_FRAME)
+    same = [torch.allclose(o, i, atol=1e-5) for o, i in zip(out, x)]
+    mirrored = [torch.allclose(o, i.flip(-1), atol=1e-5) for o, i in zip(out, x)]
+    assert all(s or m for s, m in zip(same, mirrored))
+    assert 16 <= sum(mirrored) <= 48
+    assert PROFILE_HFLIP == {"digits": False, "full-frame": True}
+
+
+@pytest.fixture(scope="module")
+def full_frame_artifacts(tmp_path_factory):
+    """A model trained by the CLI on a Fashion-MNIST-named IDX directory: auto picks full-frame."""
+    root = tmp_path_factory.mktemp("profiles")
+    data = root / "fashion-mnist"
+    data.mkdir()
+    for prefix, (images, labels) in {"train": fashion_like(300, 3), "t10k": fashion_like(60, 4)}.items():
+        write_idx(data / f"{prefix}-images-idx3-ubyte.gz", images)
+        write_idx(data / f"{prefix}-labels-idx1-ubyte.gz", labels.astype(np.uint8))
+    out = root / "artifacts"
+    assert training_main(["--data", f"idx:{data}", "--out", str(out), "--epochs", "1", "--width", "8",
+                          "--embedding-dim", "16", "--no-plots", "--threads", "1"]) == 0
+    return out, data
+
+
+def test_the_build_records_the_profile_and_the_service_applies_it(full_frame_artifacts):
+    out, _ = full_frame_artifacts
+    metadata = json.loads((out / METADATA_FILE).read_text())
+    assert metadata["preprocessing"] == FULL_FRAME.record()
+    assert metadata["training"]["config"]["hflip"] is True
+    assert metadata["dataset"]["classes"] == list(FASHION_CLASSES)
+    service = EmbeddingService.from_dir(out)
+    assert service.profile is FULL_FRAME
+    pictures = fashion_like(8, 9)[0]
+    served, _ = service.answer([png(p) for p in pictures])
+    offline = service.searcher.classify(service.embed(FULL_FRAME.normalize(pictures)))
+    assert [a["pred"] for a in served] == [a["pred"] for a in offline]
+    assert [a["dist"] for a in served] == [a["dist"] for a in offline]
+    light_paper, _ = service.answer([png(255 - p) for p in pictures])  # a photo on white paper: same answers
+    assert [a["pred"] for a in light_paper] == [a["pred"] for a in offline]
+
+
+def test_the_handler_serves_a_full_frame_model_and_refuses_an_unknown_profile(full_frame_artifacts, tmp_path):
+    out, _ = full_frame_artifacts
+    handler = EmbeddingHandler()
+    context = make_context(out)
+    handler.initialize(context)
+    answers, statuses = run_batch(handler, context, [{"body": png(p)} for p in fashion_like(4, 7)[0]])
+    assert statuses == [200] * 4 and all(a["pred"] in FASHION_CLASSES for a in answers)
+
+    broken = tmp_path / "model"
+    shutil.copytree(out, broken)
+    metadata = json.loads((broken / METADATA_FILE).read_text())
+    metadata["preprocessing"]["profile"] = "sketches"
+    (broken / METADATA_FILE).write_text(json.dumps(metadata))
+    with pytest.raises(ArtifactError, match="preprocessing profile 'sketches'"):
+        EmbeddingHandler().initialize(make_context(broken))
+
+
+def test_the_flag_overrides_auto_and_an_unknown_profile_is_a_one_line_cli_error(full_frame_artifacts, tmp_path,
+                                                                                capsys):
+    _, data = full_frame_artifacts
+    out = tmp_path / "digits"
+    assert training_main(["--data", f"idx:{data}", "--out", str(out), "--epochs", "1", "--width", "8",
+                          "--embedding-dim", "16", "--no-plots", "--threads", "1", "--preprocessing", "digits"]) == 0
+    assert json.loads((out / METADATA_FILE).read_text())["preprocessing"]["profile"] == "digits"
+    with pytest.raises(SystemExit) as exit_info:
+        training_main(["--data", f"idx:{data}", "--out", str(tmp_path / "x"), "--preprocessing", "sketches"])
+    assert exit_info.value.code == 2 and "invalid choice: 'sketches'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
