@@ -35,7 +35,6 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from handler.artifacts import ArtifactError
-from handler.preprocessing import preprocess
 from handler.service import EmbeddingService
 
 from serving.samples import user_digit_png
@@ -140,7 +139,7 @@ def parity(artifacts: Path, bodies: Sequence[bytes], device: str, reference_devi
     """Answers and embeddings of `device` against `reference_device` for the same bodies."""
     reference, service = load(artifacts, reference_device), load(artifacts, device)
     ref_answers, answers = answer_all(reference, bodies), answer_all(service, bodies)
-    tensors = np.stack([preprocess(b) for b in bodies])
+    tensors = np.stack([reference.profile.preprocess(b) for b in bodies])
     ref_emb, emb = reference.embed(tensors), service.embed(tensors)
     ref_top = np.array([a["dist"] for a in ref_answers if a.get("dist") is not None], float)
     top = np.array([a["dist"] for a in answers if a.get("dist") is not None], float)
@@ -165,7 +164,7 @@ def throughput(service: EmbeddingService, bodies: Sequence[bytes], batch: int, d
         work: list[Any] = batches
         step = service.answer
     else:
-        work = [np.stack([preprocess(b) for b in items]) for items in batches]
+        work = [np.stack([service.profile.preprocess(b) for b in items]) for items in batches]
 
         def step(x: np.ndarray) -> Any:
             return service.searcher.classify(service.embed(x))
