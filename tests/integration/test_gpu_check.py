@@ -130,6 +130,7 @@ def test_service_on_cuda_turns_tf32_off(monkeypatch):
     """The CUDA branch of EmbeddingService's set-up, without a GPU (embed is stubbed)."""
     import numpy as np
 
+    from handler.preprocessing import DIGITS
     from handler.service import EmbeddingService
 
     class Searcher:
@@ -139,9 +140,9 @@ def test_service_on_cuda_turns_tf32_off(monkeypatch):
     monkeypatch.setattr(EmbeddingService, "embed", lambda self, batch: np.zeros((len(batch), 4), np.float32))
     try:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
-        EmbeddingService(None, Searcher(), {}, device="cpu")
+        EmbeddingService(None, Searcher(), {"preprocessing": DIGITS.record()}, device="cpu")
         assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
-        EmbeddingService(None, Searcher(), {}, device="cuda")
+        EmbeddingService(None, Searcher(), {"preprocessing": DIGITS.record()}, device="cuda")
         assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
