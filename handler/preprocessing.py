@@ -13,8 +13,10 @@ model takes. That is the ``digits`` profile. The ``full-frame`` profile (:func:`
 for centred 28x28 pictures such as Fashion-MNIST, whose outline and size carry the class: it keeps
 the whole frame (fitted into 28x28, aspect kept) and only turns a light background dark. A
 model's metadata.json records its profile and version (:data:`PROFILES`); the handler applies the
-one recorded and refuses one it does not know. This module imports only numpy and Pillow so that it can be packed into
-the model archive and imported by the handler without the training code.
+one recorded and refuses one it does not know.
+
+This module imports only numpy and Pillow so that it can be packed into the model archive and
+imported by the handler without the training code.
 
 Speed without a second code path: 8-bit images are handled as uint8 up to the
 crop (:func:`_canvas_from_uint8`, bit-identical to the float32 steps above), and only
@@ -305,6 +307,8 @@ class Profile:
     canvas: Callable[[ImageInput, int], np.ndarray]
     mean: float
     std: float
+    #: The box the content is fitted into, for profiles that crop to it.
+    box: int | None = None
 
     def normalize(self, canvases: np.ndarray) -> np.ndarray:
         """uint8 canvases (N, 28, 28) -> float32 model input (N, 1, 28, 28)."""
@@ -324,11 +328,11 @@ class Profile:
     def record(self) -> dict[str, Any]:
         """What metadata.json keeps of this profile (enroll compares it, the handler checks it)."""
         return {"profile": self.name, "version": self.version, "mean": self.mean, "std": self.std,
-                "canvas": CANVAS, **({"box": BOX} if self is DIGITS else {})}
+                "canvas": CANVAS, **({} if self.box is None else {"box": self.box})}
 
 
 #: Digits as MNIST was made (crop to content, 20x20 box, centre of mass); MNIST statistics.
-DIGITS = Profile("digits", PREPROCESSING_VERSION, to_canvas, MEAN, STD)
+DIGITS = Profile("digits", PREPROCESSING_VERSION, to_canvas, MEAN, STD, BOX)
 #: Whole frame kept; the customary Fashion-MNIST training-set statistics.
 FULL_FRAME = Profile("full-frame", "1", to_full_frame, 0.2860, 0.3530)
 PROFILES = {profile.name: profile for profile in (DIGITS, FULL_FRAME)}

@@ -82,7 +82,7 @@ def check_artifacts(artifacts: Path) -> dict[str, Any]:
         open_set_settings(metadata)
     except ArtifactError as exc:
         raise EnrollError(f"{artifacts}: {_one_line(exc)}") from None
-    recorded = metadata.get("preprocessing", {})
+    recorded = {"profile": preprocessing.DIGITS.name, **metadata.get("preprocessing", {})}  # older: digits
     try:
         current = preprocessing.profile_of(metadata).record()
     except preprocessing.ProfileError as exc:

@@ -210,3 +210,15 @@ def test_bad_input_one_line_and_nothing_written(tmp_path, tiny_artifacts, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("training enroll: error: ") and expected in err, err
     assert snapshot(tmp_path) == before  # no DIR2, no hidden staging directory, DIR and NEW as they were
+
+
+def test_artifacts_from_before_profiles_are_digits_and_accepted(tmp_path, tiny_artifacts):
+    """metadata.json written before preprocessing profiles existed has no "profile": it is the digits one."""
+    from training.enroll import check_artifacts
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifacts, art)
+    meta = json.loads((art / METADATA_FILE).read_text())
+    del meta["preprocessing"]["profile"]
+    (art / METADATA_FILE).write_text(json.dumps(meta))
+    assert check_artifacts(art)["preprocessing"]["version"] == "1"
