@@ -16,10 +16,13 @@ LABELS_FILE = "labels.json"
 METADATA_FILE = "metadata.json"
 #: Per gallery item, where training took it from: {"kind": "file" | "dataset_index", "ids": [...]}.
 SOURCES_FILE = "sources.json"
+#: The same network as model.pt exported to ONNX, for the optional onnxruntime runtime (handler.runtime).
+ONNX_FILE = "model.onnx"
 #: Files whose SHA-256 metadata.json records and the handler verifies before loading anything.
 CHECKSUMMED = (MODEL_FILE, INDEX_FILE, LABELS_FILE)
-#: Checksummed when present: artifacts trained before sources.json existed load and serve without it.
-OPTIONAL_CHECKSUMMED = (SOURCES_FILE,)
+#: Checksummed when present: artifacts trained before sources.json existed load and serve without it, and
+#: model.onnx is only written when training had onnx/onnxruntime installed.
+OPTIONAL_CHECKSUMMED = (SOURCES_FILE, ONNX_FILE)
 #: What a neighbour's source id is called in answers, per kind of sources.json.
 SOURCE_KEYS = {"file": "file", "dataset_index": "dataset_index"}
 

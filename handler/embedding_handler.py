@@ -5,7 +5,7 @@ The core (:mod:`handler.preprocessing`, :mod:`handler.requests`, :mod:`handler.p
 and the KServe path use it directly. This module and :mod:`handler.ts_metrics` are the only ones that know
 TorchServe: its Context, its metrics cache, and the workarounds for its 0.12 frontend. BaseHandler.handle runs
 the stages (and records HandlerTime); each stage here does what its name says. Settings come from the
-``handler:`` section of model-config.yaml (max_image_pixels, threads, device).
+``handler:`` section of model-config.yaml (max_image_pixels, threads, device, runtime).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.artifacts import ArtifactError
 from handler.preprocessing import DEFAULT_MAX_PIXELS
 from handler.protocols import encode, read_row
-from handler.service import EmbeddingService
+from handler.service import DEFAULT_RUNTIME, EmbeddingService
 from handler.ts_metrics import baseline_values, record_baseline, record_metrics
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class EmbeddingHandler(BaseHandler):
             self.service = EmbeddingService.from_dir(
                 properties["model_dir"], device=device,
                 max_pixels=int(settings.get("max_image_pixels", DEFAULT_MAX_PIXELS)),
+                runtime=str(settings.get("runtime", DEFAULT_RUNTIME)).strip().lower(), threads=threads or None,
             )
         except ArtifactError as exc:
             logger.error("refusing to load model %s: %s", context.model_name, exc)
@@ -83,8 +84,8 @@ class EmbeddingHandler(BaseHandler):
                            "no EmbeddingBaseline* metrics", context.model_name)
         self._send_baseline(context)
         self._baseline_sent = float("-inf")  # and again with the first batch, in case the load-time one was lost
-        logger.info("loaded %s on %s: gallery %d x %d (%s), k=%d, unknown when %s > %.4f, accuracy %.4f, threads %d",
-                    context.model_name, device, self.service.searcher.index.ntotal, self.service.searcher.dim,
+        logger.info("loaded %s on %s (%s): gallery %d x %d (%s), k=%d, unknown when %s > %.4f, accuracy %.4f, "
+                    "threads %d", context.model_name, device, self.service.runtime, self.service.searcher.index.ntotal, self.service.searcher.dim,
                     meta["index"]["type"], self.service.searcher.k, self.service.searcher.score,
                     float("nan") if self.service.searcher.threshold is None else self.service.searcher.threshold,
                     meta["metrics"]["accuracy"], torch.get_num_threads())

@@ -15,6 +15,7 @@ from .artifacts import (
     INDEX_FILE,
     LABELS_FILE,
     MODEL_FILE,
+    ONNX_FILE,
     SOURCE_KEYS,
     ArtifactError,
     open_set_settings,
@@ -26,6 +27,58 @@ from .requests import RequestError, error_answer
 from .search import GallerySearcher
 
 logger = logging.getLogger(__name__)
+
+
+#: What runs the network: the TorchScript model.pt (the default, always present) or model.onnx in ONNX Runtime
+#: (optional: needs onnxruntime installed and artifacts trained with it; CPU only).
+RUNTIMES = ("torchscript", "onnxruntime")
+DEFAULT_RUNTIME = "torchscript"
+
+
+class OnnxModel:
+    """model.onnx in an onnxruntime InferenceSession on the CPU, called like the TorchScript model but on numpy:
+    (N, 1, 28, 28) float32 -> (N, D) float32."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise ArtifactError("handler.runtime=onnxruntime but onnxruntime is not installed on this worker "
+                                "(install it, or serve with runtime torchscript)") from None
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads  # as torch's threads setting: one per worker on the shipped 2 x 1
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3  # errors only: no per-session info lines in the worker log
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.input = self.session.get_inputs()[0].name
+        self.threads = threads
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {self.input: np.ascontiguousarray(batch, dtype=np.float32)})[0]
+
+
+def load_model(model_dir: Path, metadata: dict, device: str = "cpu", runtime: str = DEFAULT_RUNTIME,
+               threads: int | None = None) -> "torch.jit.ScriptModule | OnnxModel":
+    """The network of verified artifacts in `runtime`. onnxruntime: refused (ArtifactError, one line) on CUDA,
+    for artifacts without model.onnx, or without onnxruntime installed; ``threads`` intra-op threads (None or 0:
+    torch's current setting, which the handler sets from its own threads setting)."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"handler.runtime must be {' or '.join(RUNTIMES)}, got {runtime!r}")
+    if runtime == "onnxruntime":
+        if torch.device(device).type != "cpu":
+            raise ArtifactError(f"handler.runtime=onnxruntime runs on the CPU only, not on {device} "
+                                "(set handler.device: cpu, or use runtime torchscript)")
+        if ONNX_FILE not in metadata.get("sha256", {}):
+            raise ArtifactError(f"{Path(model_dir) / ONNX_FILE}: missing, these artifacts were trained without "
+                                "onnx/onnxruntime (handler.runtime=onnxruntime needs it; use runtime torchscript)")
+        return OnnxModel(Path(model_dir) / ONNX_FILE, threads or torch.get_num_threads())
+    model = torch.jit.load(str(Path(model_dir) / MODEL_FILE), map_location=device).eval()
+    if torch.device(device).type == "cpu":
+        # oneDNN kernels for the frozen graph: about 2x faster on CPU (measured: 7.0 -> 3.5 ms for a
+        # batch of 8 on one thread), same outputs within 1e-7.
+        model = torch.jit.optimize_for_inference(model)
+    return model
 
 
 @dataclass
@@ -75,10 +128,12 @@ def with_embedding(answer: dict[str, Any], embedding: np.ndarray, gallery_ids: n
 class EmbeddingService:
     """Verified artifacts loaded once; answers a batch of image payloads with one forward and one search."""
 
-    def __init__(self, model: torch.jit.ScriptModule, searcher: GallerySearcher, metadata: dict,
+    def __init__(self, model: "torch.jit.ScriptModule | OnnxModel", searcher: GallerySearcher, metadata: dict,
                  device: str = "cpu", max_pixels: int = DEFAULT_MAX_PIXELS,
                  sources: tuple[str, Sequence[str | int]] | None = None) -> None:
         self.model = model
+        #: What runs the network (RUNTIMES).
+        self.runtime = "onnxruntime" if isinstance(model, OnnxModel) else "torchscript"
         self.searcher = searcher
         self.metadata = metadata
         #: The preprocessing the model was trained with (raises ProfileError for one this code does not know).
@@ -100,9 +155,11 @@ class EmbeddingService:
 
     @classmethod
     def from_dir(cls, model_dir: Path, device: str = "cpu", k: int | None = None,
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> "EmbeddingService":
+                 max_pixels: int = DEFAULT_MAX_PIXELS, runtime: str = DEFAULT_RUNTIME,
+                 threads: int | None = None) -> "EmbeddingService":
         """Load from a directory only after every artifact's SHA-256 matched metadata.json; the open-set score and
-        threshold are the ones metadata.json records (handler.artifacts.open_set_settings)."""
+        threshold are the ones metadata.json records (handler.artifacts.open_set_settings). ``runtime`` and
+        ``threads``: see :func:`load_model`."""
         model_dir = Path(model_dir)
         metadata = verify_artifacts(model_dir)
         try:
@@ -110,11 +167,7 @@ class EmbeddingService:
         except ProfileError as exc:
             raise ArtifactError(str(exc)) from None
         open_set = open_set_settings(metadata)
-        model = torch.jit.load(str(model_dir / MODEL_FILE), map_location=device).eval()
-        if torch.device(device).type == "cpu":
-            # oneDNN kernels for the frozen graph: about 2x faster on CPU (measured: 7.0 -> 3.5 ms for a
-            # batch of 8 on one thread), same outputs within 1e-7.
-            model = torch.jit.optimize_for_inference(model)
+        model = load_model(model_dir, metadata, device, runtime, threads)
         searcher = GallerySearcher.from_files(
             model_dir / INDEX_FILE, model_dir / LABELS_FILE, k=k or metadata["k"],
             threshold=open_set["threshold"], score=open_set["score"], kth=open_set["kth"],
@@ -124,10 +177,13 @@ class EmbeddingService:
         sources = read_sources(model_dir, metadata, searcher.index.ntotal)
         return cls(model, searcher, metadata, device, max_pixels, sources)
 
-    @torch.inference_mode()
     def embed(self, batch: np.ndarray) -> np.ndarray:
-        x = torch.from_numpy(batch).to(self.device)
-        return self.model(x).float().cpu().numpy()
+        """(N, 1, 28, 28) float32 inputs -> (N, D) float32 embeddings, in either runtime."""
+        if isinstance(self.model, OnnxModel):
+            return self.model(batch).astype(np.float32, copy=False)
+        with torch.inference_mode():
+            x = torch.from_numpy(batch).to(self.device)
+            return self.model(x).float().cpu().numpy()
 
     def prepare(self, payloads: Sequence[bytes | np.ndarray | RequestError]) -> Prepared:
         """Stage 1, preprocessing: each payload (image bytes, or a 2-D uint8 image) to the training tensor; a bad

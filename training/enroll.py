@@ -14,7 +14,7 @@
    ACCEPT_QUANTILE of the served score over held-out images only, here the original source's held-out split
    (``--calibration-data``, restricted to the classes DIR was trained on and checked against the count
    metadata.json records) plus the held-out share of the new images.
-4. DIR2 gets model.pt (copied), index.faiss, labels.json, sources.json, index.json, metrics.json and a
+4. DIR2 gets model.pt (copied; model.onnx too when DIR's metadata records it), index.faiss, labels.json, sources.json, index.json, metrics.json and a
    metadata.json with new SHA-256s and an "enrollment" history, published atomically (staged_directory).
 
 Bad input raises EnrollError with one line before anything is written.
@@ -39,6 +39,7 @@ from handler.artifacts import (
     LABELS_FILE,
     METADATA_FILE,
     MODEL_FILE,
+    ONNX_FILE,
     SOURCES_FILE,
     ArtifactError,
     read_sources,
@@ -279,7 +280,10 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
         (staging / INDEX_INFO_FILE).write_text(json.dumps(index_info, indent=2))
         (staging / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
         record["seconds"] = round(time.perf_counter() - started, 3)
-        checksummed = [MODEL_FILE, INDEX_FILE, LABELS_FILE, *([SOURCES_FILE] if sources is not None else [])]
+        onnx = [ONNX_FILE] if ONNX_FILE in metadata.get("sha256", {}) else []  # verified with DIR
+        for name in onnx:
+            shutil.copy2(artifacts / name, staging / name)
+        checksummed = [MODEL_FILE, INDEX_FILE, LABELS_FILE, *([SOURCES_FILE] if sources is not None else []), *onnx]
         new_meta["sha256"] = {name: sha256_file(staging / name) for name in checksummed}
         (staging / METADATA_FILE).write_text(json.dumps(new_meta, indent=2))
         verify_artifacts(staging)

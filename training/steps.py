@@ -25,6 +25,7 @@ from handler.artifacts import (
     LABELS_FILE,
     METADATA_FILE,
     MODEL_FILE,
+    ONNX_FILE,
     OPTIONAL_CHECKSUMMED,
     SOURCES_FILE,
     sha256_file,
@@ -43,7 +44,7 @@ from .evaluate import (
     open_set_rejection,
     write_plots,
 )
-from .export import export_torchscript
+from .export import ONNX_OPSET, export_onnx, export_torchscript
 from .index import build_index, default_search_params, recall_at_1, resolve_index_type
 from .train import TrainConfig, embed, resolve_negatives, train_model
 
@@ -135,14 +136,21 @@ def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | 
 
 def train_and_export(data: PreparedData, config: TrainConfig, out: Path, k: int = DEFAULT_K,
                      log: Callable[[str], None] = print) -> dict:
-    """Train, export model.pt (TorchScript, parity-checked), write train.json."""
+    """Train, export model.pt (TorchScript, parity-checked) and model.onnx (ONNX, parity-checked with onnxruntime;
+    skipped when onnx/onnxruntime are not installed), write train.json."""
     config = resolve_negatives(config, data.classes, data.profile)
     model, history = train_model(data.inputs("train"), data.train_y, data.inputs("test"), data.test_y,
                                  len(data.classes), config, k, log, data.preprocessing)
     parity = export_torchscript(model, out / MODEL_FILE, data.inputs("test")[:256])
     log(f"TorchScript export: max abs difference vs eager {parity:.2e}")
+    onnx_parity = export_onnx(model, out / ONNX_FILE, data.inputs("test")[:256])
+    if onnx_parity is None:
+        log(f"ONNX export skipped: onnx/onnxruntime not installed, no {ONNX_FILE} (the TorchScript model serves)")
+    else:
+        log(f"ONNX export (opset {ONNX_OPSET}): onnxruntime max abs difference vs eager {onnx_parity:.2e}")
     info = {"config": config.to_dict(), "history": history.epochs, "train_seconds": history.seconds,
-            "torchscript_max_abs_diff": parity}
+            "torchscript_max_abs_diff": parity, "onnx_max_abs_diff": onnx_parity,
+            "onnx_opset": None if onnx_parity is None else ONNX_OPSET}
     (out / TRAIN_FILE).write_text(json.dumps(info, indent=2))
     return info
 
@@ -177,8 +185,20 @@ def build_gallery(data: PreparedData, out: Path, index_type: str = "auto", seed:
     return info
 
 
+def onnx_versions(out: Path) -> dict[str, str]:
+    """onnx and onnxruntime versions when this build exported model.onnx (they made and checked it)."""
+    if not (out / ONNX_FILE).is_file():
+        return {}
+    try:
+        import onnx
+        import onnxruntime
+    except ImportError:  # a pipeline's evaluate task may run where the train task's packages are not
+        return {}
+    return {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+
+
 def present_optional(out: Path) -> list[str]:
-    """The optional checksummed artifacts this build wrote (sources.json)."""
+    """The optional checksummed artifacts this build wrote (sources.json, model.onnx)."""
     return [name for name in OPTIONAL_CHECKSUMMED if (out / name).is_file()]
 
 
@@ -229,9 +249,10 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
         "open_set": open_set,
         "metrics": {"accuracy": result["accuracy"], "open_set_rejection": result["open_set_rejection"]},
         "drift_baseline": baseline,
-        "training": {key: train_info[key] for key in ("config", "train_seconds", "torchscript_max_abs_diff")},
+        "training": {key: train_info.get(key) for key in ("config", "train_seconds", "torchscript_max_abs_diff",
+                                                          "onnx_max_abs_diff", "onnx_opset")},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "faiss": faiss.__version__, "numpy": np.__version__},
+                     "faiss": faiss.__version__, "numpy": np.__version__, **onnx_versions(out)},
         "sha256": {name: sha256_file(out / name) for name in (*CHECKSUMMED, *present_optional(out))},
     }
     (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2))

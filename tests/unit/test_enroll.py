@@ -104,6 +104,7 @@ def test_source_directory_is_byte_identical_and_output_verifies(enrolled, tiny_a
     assert snapshot(tiny_artifacts) == before
     verify_artifacts(out)
     assert sha256_file(out / "model.pt") == sha256_file(tiny_artifacts / "model.pt")
+    assert sha256_file(out / "model.onnx") == sha256_file(tiny_artifacts / "model.onnx")
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]
 
 
@@ -111,7 +112,7 @@ def test_enrolled_artifacts_archive(enrolled, tmp_path):
     _, out, _ = enrolled
     mar = build_mar(out, tmp_path / "store", version="2.0")
     names = set(zipfile.ZipFile(mar).namelist())
-    assert {"index.faiss", "labels.json", "sources.json", "metadata.json", "model.pt"} <= names
+    assert {"index.faiss", "labels.json", "sources.json", "metadata.json", "model.pt", "model.onnx"} <= names
 
 
 def test_ivf_gallery_is_rebuilt(tmp_path, tiny_artifacts):

@@ -25,6 +25,7 @@ from handler.artifacts import (
     LABELS_FILE,
     METADATA_FILE,
     MODEL_FILE,
+    ONNX_FILE,
     SOURCES_FILE,
     ArtifactError,
     artifact_files,
@@ -111,8 +112,8 @@ def test_tiny_metadata_records_data_model_threshold_versions_and_checksums(tiny_
     assert metadata["metrics"]["accuracy"] > 0.9
     assert metadata["versions"]["torch"] == torch.__version__
     assert metadata["versions"]["faiss"] == faiss.__version__
-    assert set(metadata["sha256"]) == {*CHECKSUMMED, SOURCES_FILE}
-    for name in (*CHECKSUMMED, SOURCES_FILE):
+    assert set(metadata["sha256"]) == {*CHECKSUMMED, SOURCES_FILE, ONNX_FILE}
+    for name in (*CHECKSUMMED, SOURCES_FILE, ONNX_FILE):
         assert metadata["sha256"][name] == sha256_file(tiny_artifacts / name), name
 
 
@@ -170,9 +171,9 @@ def without_sources(directory: Path) -> None:
 def test_artifacts_without_sources_still_verify(tmp_path, tiny_artifacts):
     copy = tmp_path / "artifacts"
     shutil.copytree(tiny_artifacts, copy)
-    assert artifact_files(verify_artifacts(copy)) == (*CHECKSUMMED, SOURCES_FILE)
+    assert artifact_files(verify_artifacts(copy)) == (*CHECKSUMMED, SOURCES_FILE, ONNX_FILE)
     without_sources(copy)
-    assert artifact_files(verify_artifacts(copy)) == CHECKSUMMED
+    assert artifact_files(verify_artifacts(copy)) == (*CHECKSUMMED, ONNX_FILE)
 
 
 @pytest.mark.parametrize("damage", ["tampered", "missing", "unrecorded"])
