@@ -17,11 +17,22 @@ def _block(cin: int, cout: int) -> nn.Sequential:
     )
 
 
+#: How the last 7x7 feature map becomes a vector: ``avg`` pools it (where a stroke is does not matter once the
+#: digit is centred), ``flatten`` keeps the layout (where a garment has sleeves, a collar or a heel does).
+POOLING = ("avg", "flatten")
+
+
+def _check_pool(pool: str) -> None:
+    if pool not in POOLING:
+        raise ValueError(f"pool must be one of {', '.join(POOLING)}, got {pool!r}")
+
+
 class EmbeddingNet(nn.Module):
     """(N, 1, 28, 28) normalised images -> (N, dim) L2-normalised embeddings."""
 
-    def __init__(self, embedding_dim: int = 64, width: int = 32) -> None:
+    def __init__(self, embedding_dim: int = 64, width: int = 32, pool: str = "avg") -> None:
         super().__init__()
+        _check_pool(pool)
         self.features = nn.Sequential(
             _block(1, width),
             _block(width, width),
@@ -30,10 +41,11 @@ class EmbeddingNet(nn.Module):
             _block(2 * width, 2 * width),
             nn.MaxPool2d(2),  # 7x7
             _block(2 * width, 4 * width),
-            nn.AdaptiveAvgPool2d(1),
+            nn.AdaptiveAvgPool2d(1) if pool == "avg" else nn.Identity(),
             nn.Flatten(),
         )
-        self.project = nn.Sequential(nn.Dropout(0.1), nn.Linear(4 * width, embedding_dim))
+        flat = 4 * width * (1 if pool == "avg" else 7 * 7)
+        self.project = nn.Sequential(nn.Dropout(0.1), nn.Linear(flat, embedding_dim))
         self.embedding_dim = embedding_dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

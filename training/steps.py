@@ -232,7 +232,7 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
     baseline["unknown_rate"] = float(np.mean(scores > searcher.threshold))  # what the served rule answers
     result["open_set_rejection"] = open_set_rejection(searcher, lambda x: embed(model, x), profile=data.preprocessing)
     log(f"held-out k-NN accuracy {result['accuracy']:.4f}; {score} threshold {searcher.threshold:.4f} accepts "
-        f"{accepted if accepted is not None else float('nan'):.1%} of held-out digits (cross-fitted) "
+        f"{accepted if accepted is not None else float('nan'):.1%} of held-out images (cross-fitted) "
         f"and rejects {result['open_set_rejection']:.1%} of synthetic non-digits")
     if plots:
         result["plots"] = write_plots(out, train_info["history"], np.array(result["confusion_matrix"]),

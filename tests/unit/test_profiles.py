@@ -33,7 +33,7 @@ from training.__main__ import main as training_main
 from training.data import Dataset
 from training.data.idx import FASHION_CLASSES
 from training.steps import PROFILE_CHOICES, prepare_data, resolve_profile
-from training.train import PROFILE_HFLIP, augment
+from training.train import PROFILE_DEFAULTS, TrainConfig, augment, resolve_profile_defaults
 
 
 def png(array: np.ndarray, mode: str = "L") -> bytes:
@@ -139,7 +139,29 @@ def test_hflip_mirrors_about_half_of_the_batch_and_nothing_else():
     mirrored = [torch.allclose(o, i.flip(-1), atol=1e-5) for o, i in zip(out, x)]
     assert all(s or m for s, m in zip(same, mirrored))
     assert 16 <= sum(mirrored) <= 48
-    assert PROFILE_HFLIP == {"digits": False, "full-frame": True}
+    assert {name: aug["hflip"] for name, aug in PROFILE_DEFAULTS.items()} == {"digits": False, "full-frame": True}
+
+
+def test_random_erasing_blanks_one_rectangle_in_about_the_asked_share():
+    x = torch.from_numpy(FULL_FRAME.normalize(np.full((200, CANVAS, CANVAS), 200, np.uint8)))
+    background = float(FULL_FRAME.normalize(np.zeros((1, 1, 1), np.uint8)).reshape(()))
+    out = augment(x, torch.Generator().manual_seed(1), 0.0, 0.0, profile=FULL_FRAME, erase=0.5)
+    erased = (out[:, 0] - background).abs() < 1e-6
+    touched = erased.flatten(1).any(dim=1)
+    assert 70 <= int(touched.sum()) <= 130
+    for mask in erased[touched]:  # one axis-aligned rectangle of 2-25% of the frame
+        rows, cols = torch.nonzero(mask.any(dim=1)).flatten(), torch.nonzero(mask.any(dim=0)).flatten()
+        box = mask[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+        assert bool(box.all()) and 0.015 * CANVAS**2 <= int(mask.sum()) <= 0.26 * CANVAS**2
+    untouched = augment(x, torch.Generator().manual_seed(1), 0.0, 0.0, profile=FULL_FRAME)
+    assert torch.allclose(untouched, x, atol=1e-5)
+
+
+def test_augmentation_follows_the_profile_unless_set():
+    digits, garments = resolve_profile_defaults(TrainConfig(), "digits"), resolve_profile_defaults(TrainConfig(), "full-frame")
+    assert (digits.max_rotation, digits.hflip, digits.erase, digits.pool) == (10.0, False, 0.0, "avg")
+    assert (garments.max_rotation, garments.hflip, garments.erase, garments.pool) == (0.0, True, 0.5, "flatten")
+    assert resolve_profile_defaults(TrainConfig(max_rotation=5.0, erase=0.0), "full-frame").max_rotation == 5.0
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +183,8 @@ def test_the_build_records_the_profile_and_the_service_applies_it(full_frame_art
     out, _ = full_frame_artifacts
     metadata = json.loads((out / METADATA_FILE).read_text())
     assert metadata["preprocessing"] == FULL_FRAME.record()
-    assert metadata["training"]["config"]["hflip"] is True
+    config = metadata["training"]["config"]
+    assert (config["hflip"], config["erase"], config["pool"]) == (True, 0.5, "flatten")
     assert metadata["dataset"]["classes"] == list(FASHION_CLASSES)
     service = EmbeddingService.from_dir(out)
     assert service.profile is FULL_FRAME
@@ -202,3 +225,21 @@ def test_the_flag_overrides_auto_and_an_unknown_profile_is_a_one_line_cli_error(
         training_main(["--data", f"idx:{data}", "--out", str(tmp_path / "x"), "--preprocessing", "sketches"])
     assert exit_info.value.code == 2 and "invalid choice: 'sketches'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_the_curve_uses_a_gallery_sample_until_the_last_epoch(monkeypatch, prepared_sample):
+    """Intermediate epochs measure against CURVE_GALLERY training images, the last against all of them, and the
+    sample does not change what is trained (its own RNG)."""
+    import training.train as train
+
+    x, y = prepared_sample.inputs("train")[:300], prepared_sample.train_y[:300]
+    tx, ty = prepared_sample.inputs("test")[:100], prepared_sample.test_y[:100]
+    config = TrainConfig(epochs=2, width=4, embedding_dim=8, negatives=0, printed=0)
+    whole, whole_history = train.train_model(x, y, tx, ty, 10, config, 5, log=lambda _: None)
+    monkeypatch.setattr(train, "CURVE_GALLERY", 50)
+    sampled, history = train.train_model(x, y, tx, ty, 10, config, 5, log=lambda _: None)
+    assert [e["gallery"] for e in history.epochs] == [50, 300]
+    assert [e["gallery"] for e in whole_history.epochs] == [300, 300]
+    assert history.epochs[-1]["knn_accuracy"] == whole_history.epochs[-1]["knn_accuracy"]
+    for a, b in zip(whole.state_dict().values(), sampled.state_dict().values()):
+        assert torch.equal(a, b)
