@@ -127,11 +127,15 @@ def test_refuses_to_load_tampered_artifacts(tiny_artifacts, tmp_path, caplog, ta
     assert any("refusing to load model" in r.getMessage() for r in caplog.records)
 
 
-def test_refuses_other_preprocessing_version(tiny_artifacts, tmp_path):
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("version", "0", "digits preprocessing version '0'"),
+    ("profile", "sketches", "preprocessing profile 'sketches'"),
+])
+def test_refuses_a_preprocessing_it_does_not_implement(tiny_artifacts, tmp_path, key, value, message):
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_artifacts, model_dir)
     metadata = json.loads((model_dir / METADATA_FILE).read_text())
-    metadata["preprocessing"]["version"] = "0"
+    metadata["preprocessing"][key] = value
     (model_dir / METADATA_FILE).write_text(json.dumps(metadata))
-    with pytest.raises(ArtifactError, match="preprocessing version"):
+    with pytest.raises(ArtifactError, match=message):
         EmbeddingHandler().initialize(make_context(model_dir))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from PIL import Image
 from support.handler_context import make_context, run_batch
 from support.idx_fixtures import write_idx
 
-from handler.artifacts import METADATA_FILE, ArtifactError
+from handler.artifacts import METADATA_FILE
 from handler.embedding_handler import EmbeddingHandler
 from handler.preprocessing import (
     CANVAS,
@@ -197,21 +196,14 @@ def test_the_build_records_the_profile_and_the_service_applies_it(full_frame_art
     assert [a["pred"] for a in light_paper] == [a["pred"] for a in offline]
 
 
-def test_the_handler_serves_a_full_frame_model_and_refuses_an_unknown_profile(full_frame_artifacts, tmp_path):
+def test_the_handler_serves_a_full_frame_model(full_frame_artifacts):
+    """The same handler as for digits, with the profile metadata.json names (refusals: tests/unit/test_handler.py)."""
     out, _ = full_frame_artifacts
     handler = EmbeddingHandler()
     context = make_context(out)
     handler.initialize(context)
     answers, statuses = run_batch(handler, context, [{"body": png(p)} for p in fashion_like(4, 7)[0]])
     assert statuses == [200] * 4 and all(a["pred"] in FASHION_CLASSES for a in answers)
-
-    broken = tmp_path / "model"
-    shutil.copytree(out, broken)
-    metadata = json.loads((broken / METADATA_FILE).read_text())
-    metadata["preprocessing"]["profile"] = "sketches"
-    (broken / METADATA_FILE).write_text(json.dumps(metadata))
-    with pytest.raises(ArtifactError, match="preprocessing profile 'sketches'"):
-        EmbeddingHandler().initialize(make_context(broken))
 
 
 def test_the_flag_overrides_auto_and_an_unknown_profile_is_a_one_line_cli_error(full_frame_artifacts, tmp_path,
