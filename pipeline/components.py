@@ -18,7 +18,7 @@ component = dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False, 
 
 
 @component
-def load_data(source: str, preprocessing: str, dataset: Output[Dataset]) -> None:
+def load_data(source: str, dataset: Output[Dataset], preprocessing: str = "auto") -> None:
     """Load and validate a data source; write the canvases of the preprocessing profile as .npz."""
     from pathlib import Path
 
