@@ -113,6 +113,12 @@ def parse_eval_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _error(prog: str, exc: BaseException) -> int:
+    """The subcommands' failure: the reason on one line on stderr, exit status 1."""
+    print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+    return 1
+
+
 def eval_main(argv: list[str]) -> int:
     """`python -m training eval`: print (and optionally write) the open-set evaluation of --artifacts."""
     import json
@@ -134,8 +140,7 @@ def eval_main(argv: list[str]) -> int:
         if args.json:
             args.json.write_text(text + "\n")
     except (ArtifactError, DataError, ValueError, OSError) as exc:
-        print(f"training eval: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 1
+        return _error("training eval", exc)
     print(text)
     return 0
 
@@ -175,8 +180,7 @@ def enroll_main(argv: list[str]) -> int:
         enroll_artifacts(args.artifacts, args.data, args.out, args.new_only, args.holdout, args.calibration_data,
                          args.cache_dir, log=lambda line: print(line, flush=True))
     except (EnrollError, ArtifactError, DataError, ValueError, OSError) as exc:
-        print(f"training enroll: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 1
+        return _error("training enroll", exc)
     except KeyboardInterrupt:
         print("training enroll: interrupted", file=sys.stderr)
         return 130
