@@ -134,6 +134,12 @@ def verify_artifacts(directory: Path) -> dict[str, Any]:
     return metadata
 
 
+def quantization(metadata: dict[str, Any]) -> str:
+    """``int8`` when model.pt is the quantized network (``python -m training --quantize int8``), else ``none``."""
+    recorded = (metadata.get("training") or {}).get("quantization") or {}
+    return str(recorded.get("scheme", "none"))
+
+
 def artifact_files(metadata: dict[str, Any]) -> tuple[str, ...]:
     """The checksummed files these artifacts hold: the required ones, and the optional ones they record."""
     recorded = metadata.get("sha256", {})

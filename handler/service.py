@@ -19,6 +19,7 @@ from .artifacts import (
     SOURCE_KEYS,
     ArtifactError,
     open_set_settings,
+    quantization,
     read_sources,
     verify_artifacts,
 )
@@ -65,10 +66,17 @@ def load_model(model_dir: Path, metadata: dict, device: str = "cpu", runtime: st
     torch's current setting, which the handler sets from its own threads setting)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"handler.runtime must be {' or '.join(RUNTIMES)}, got {runtime!r}")
+    scheme = quantization(metadata)
+    if scheme != "none" and torch.device(device).type != "cpu":
+        raise ArtifactError(f"{Path(model_dir) / MODEL_FILE}: an {scheme} model (training --quantize {scheme}) runs on "
+                            f"the CPU only, not on {device} (set handler.device: cpu, or train without --quantize)")
     if runtime == "onnxruntime":
         if torch.device(device).type != "cpu":
             raise ArtifactError(f"handler.runtime=onnxruntime runs on the CPU only, not on {device} "
                                 "(set handler.device: cpu, or use runtime torchscript)")
+        if scheme != "none":
+            raise ArtifactError(f"{Path(model_dir) / ONNX_FILE}: an {scheme} model has none (its model.pt serves; use "
+                                "runtime torchscript)")
         if ONNX_FILE not in metadata.get("sha256", {}):
             raise ArtifactError(f"{Path(model_dir) / ONNX_FILE}: missing, these artifacts were trained without "
                                 "onnx/onnxruntime (handler.runtime=onnxruntime needs it; use runtime torchscript)")

@@ -31,8 +31,9 @@ def load_data(source: str, dataset: Output[Dataset], preprocessing: str = "auto"
 
 @component
 def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, seed: int, k: int,
-          model: Output[Model]) -> None:
-    """Train the embedding network; the output directory holds model.pt and train.json."""
+          model: Output[Model], quantize: str = "none") -> None:
+    """Train the embedding network; the output directory holds model.pt (int8 with quantize=int8) and
+    train.json."""
     from pathlib import Path
 
     from training.steps import PreparedData, train_and_export
@@ -40,9 +41,9 @@ def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, 
 
     out = Path(model.path)
     out.mkdir(parents=True, exist_ok=True)
-    config = TrainConfig(epochs=epochs, embedding_dim=embedding_dim, width=width, seed=seed)
+    config = TrainConfig(epochs=epochs, embedding_dim=embedding_dim, width=width, seed=seed, quantize=quantize)
     info = train_and_export(PreparedData.load(Path(dataset.path)), config, out, k)
-    model.metadata.update({"framework": "torchscript", "train_seconds": info["train_seconds"],
+    model.metadata.update({"framework": "torchscript", "quantize": quantize, "train_seconds": info["train_seconds"],
                            "knn_accuracy": info["history"][-1]["knn_accuracy"]})
 
 

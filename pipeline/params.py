@@ -15,6 +15,7 @@ from typing import Any, Callable
 from handler.search import DEFAULT_K
 from settings import DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_NAME_RULE, MODEL_VERSION
 from training.index import INDEX_TYPES
+from training.quantize import QUANTIZATION
 from training.steps import PROFILE_CHOICES
 from training.train import TrainConfig
 
@@ -67,6 +68,8 @@ PARAMS: tuple[Param, ...] = (
     Param("embedding_dim", int, _TRAIN.embedding_dim, "embedding size", check=_positive),
     Param("width", int, _TRAIN.width, "channels of the first conv blocks (later ones 2x, 4x)", check=_positive),
     Param("seed", int, _TRAIN.seed, "training and index seed"),
+    Param("quantize", str, _TRAIN.quantize, "int8: quantize the convolutions after training (faster on CPU; "
+          "served on the CPU only)", choices=QUANTIZATION),
     Param("k", int, DEFAULT_K, "neighbours in the k-NN vote", check=_positive),
     Param("index_type", str, "auto", "FAISS gallery index (auto: exact below 30k images, IVF above)",
           choices=("auto", *INDEX_TYPES)),

@@ -33,6 +33,7 @@ def mnist_embedding_pipeline(
     embedding_dim: int = D["embedding_dim"],
     width: int = D["width"],
     seed: int = D["seed"],
+    quantize: str = D["quantize"],
     k: int = D["k"],
     index_type: str = D["index_type"],
     model_name: str = D["model_name"],
@@ -56,7 +57,7 @@ def mnist_embedding_pipeline(
 ):
     data = load_data(source=data_source, preprocessing=preprocessing)
     trained = train(dataset=data.outputs["dataset"], epochs=epochs, embedding_dim=embedding_dim, width=width,
-                    seed=seed, k=k)
+                    seed=seed, k=k, quantize=quantize)
     indexed = build_index(dataset=data.outputs["dataset"], model=trained.outputs["model"], index_type=index_type,
                           seed=seed)
     evaluated = evaluate(dataset=data.outputs["dataset"], artifacts=indexed.outputs["artifacts"], k=k)

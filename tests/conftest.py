@@ -67,6 +67,20 @@ def tiny_artifacts(tmp_path_factory, prepared_sample) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_int8_artifacts(tmp_path_factory, prepared_sample) -> Path:
+    """tiny_artifacts' recipe with ``quantize="int8"``: model.pt is the int8 network, the gallery built with it."""
+    from training.steps import build_gallery, evaluate_and_finalize, train_and_export
+    from training.train import TrainConfig
+
+    out = tmp_path_factory.mktemp("artifacts-int8")
+    config = TrainConfig(epochs=TINY_EPOCHS, embedding_dim=32, width=16, seed=0, quantize="int8")
+    train_and_export(prepared_sample, config, out, log=lambda _: None)
+    build_gallery(prepared_sample, out, log=lambda _: None)
+    evaluate_and_finalize(prepared_sample, out, plots=False, log=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="session")
 def model_store(tmp_path_factory, tiny_artifacts) -> Path:
     """A model store holding embedding.mar built by the project's archiver."""
     from serving.archive import build_mar

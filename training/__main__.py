@@ -20,6 +20,7 @@ from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threa
 
 from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
 from .index import INDEX_TYPES
+from .quantize import QUANTIZATION
 from .steps import PROFILE_CHOICES
 from .train import TrainConfig
 
@@ -80,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="outlier-exposure loss (training/model.py ArcFaceHead.outlier_loss)")
     p.add_argument("--oe-margin", type=float, default=defaults.oe_margin,
                    help="hinge: largest cosine a non-digit may keep to any class centre")
+    p.add_argument("--quantize", choices=QUANTIZATION, default=defaults.quantize,
+                   help="int8: quantize the convolutions after training (faster on CPU, CPU only; the gallery and "
+                        "threshold are built with the int8 model)")
     p.add_argument("--threads", type=_positive_int, default=env_threads(),
                    help=f"torch intra-op threads (default: $OMP_NUM_THREADS or {DEFAULT_THREADS})")
     p.add_argument("--cache-dir", type=Path, default=None, help=f"download cache (default {cache_root()})")
@@ -201,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     config = TrainConfig(epochs=args.epochs, embedding_dim=args.embedding_dim, width=args.width,
                          batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                          negatives=args.negatives, oe_weight=args.oe_weight, oe_loss=args.oe_loss,
-                         oe_margin=args.oe_margin, printed=args.printed)
+                         oe_margin=args.oe_margin, printed=args.printed,
+                         quantize=args.quantize)
     before = path_identity(args.out)
     try:
         metadata = build_artifacts(args.data, args.out, config, args.index, args.k, args.cache_dir,

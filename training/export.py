@@ -29,12 +29,18 @@ def export_torchscript(model: torch.nn.Module, path: Path, sample: np.ndarray) -
     model.eval()
     # Frozen: weights inlined and batch norm folded into the convolutions; still device-neutral, so
     # the handler can run it on CUDA or apply CPU-specific optimisation at load time.
-    scripted = torch.jit.freeze(torch.jit.script(model))
+    return save_checked(torch.jit.freeze(torch.jit.script(model)), model, path, sample)
+
+
+def save_checked(scripted: torch.jit.ScriptModule, reference: torch.nn.Module, path: Path,
+                 sample: np.ndarray) -> float:
+    """Save `scripted`, reload it and compare with `reference` on `sample`; returns the max abs difference.
+    Raises ExportError (and leaves no file) above PARITY_TOLERANCE."""
     scripted.save(str(path))
     reloaded = torch.jit.load(str(path), map_location="cpu")
     x = torch.as_tensor(sample)
     with torch.no_grad():
-        diff = float((reloaded(x) - model(x)).abs().max())
+        diff = float((reloaded(x) - reference(x)).abs().max())
     if not diff <= PARITY_TOLERANCE:
         Path(path).unlink(missing_ok=True)
         raise ExportError(f"TorchScript output differs from eager by {diff:.3g} (> {PARITY_TOLERANCE})")

@@ -44,8 +44,9 @@ from .evaluate import (
     open_set_rejection,
     write_plots,
 )
-from .export import ONNX_OPSET, export_onnx, export_torchscript
+from .export import ONNX_OPSET, export_onnx, export_torchscript, save_checked
 from .index import build_index, default_search_params, recall_at_1, resolve_index_type
+from .quantize import CALIBRATION_IMAGES, QUANTIZATION, quantize_int8
 from .train import TrainConfig, embed, resolve_negatives, train_model
 
 TRAIN_FILE = "train.json"
@@ -136,21 +137,36 @@ def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | 
 
 def train_and_export(data: PreparedData, config: TrainConfig, out: Path, k: int = DEFAULT_K,
                      log: Callable[[str], None] = print) -> dict:
-    """Train, export model.pt (TorchScript, parity-checked) and model.onnx (ONNX, parity-checked with onnxruntime;
-    skipped when onnx/onnxruntime are not installed), write train.json."""
+    """Train, export model.pt (TorchScript, parity-checked; the int8 network when ``config.quantize`` is int8)
+    and model.onnx (ONNX, parity-checked with onnxruntime; skipped when onnx/onnxruntime are not installed and
+    for int8), write train.json."""
+    if config.quantize not in QUANTIZATION:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZATION)}, got {config.quantize!r}")
     config = resolve_negatives(config, data.classes, data.profile)
     model, history = train_model(data.inputs("train"), data.train_y, data.inputs("test"), data.test_y,
                                  len(data.classes), config, k, log, data.preprocessing)
-    parity = export_torchscript(model, out / MODEL_FILE, data.inputs("test")[:256])
-    log(f"TorchScript export: max abs difference vs eager {parity:.2e}")
-    onnx_parity = export_onnx(model, out / ONNX_FILE, data.inputs("test")[:256])
-    if onnx_parity is None:
-        log(f"ONNX export skipped: onnx/onnxruntime not installed, no {ONNX_FILE} (the TorchScript model serves)")
+    check = data.inputs("test")[:256]
+    quantization, onnx_parity = None, None
+    if config.quantize == "int8":
+        pick = np.random.default_rng(config.seed).permutation(len(data.train_y))[:CALIBRATION_IMAGES]
+        int8, quantization = quantize_int8(model, data.inputs("train")[np.sort(pick)], data.inputs("test")[:1024])
+        parity = save_checked(int8, int8, out / MODEL_FILE, check)
+        log(f"int8 model ({quantization['fused_conv_blocks']} fused conv blocks, calibrated on "
+            f"{quantization['calibration_images']} training images): embeddings within "
+            f"{quantization['max_abs_diff_vs_float']:.3f} of the float model's; reloaded {parity:.2e}")
+        (out / ONNX_FILE).unlink(missing_ok=True)
+        log(f"ONNX export skipped: the int8 model.pt serves, a float {ONNX_FILE} would be another model")
     else:
-        log(f"ONNX export (opset {ONNX_OPSET}): onnxruntime max abs difference vs eager {onnx_parity:.2e}")
+        parity = export_torchscript(model, out / MODEL_FILE, check)
+        log(f"TorchScript export: max abs difference vs eager {parity:.2e}")
+        onnx_parity = export_onnx(model, out / ONNX_FILE, check)
+        if onnx_parity is None:
+            log(f"ONNX export skipped: onnx/onnxruntime not installed, no {ONNX_FILE} (the TorchScript model serves)")
+        else:
+            log(f"ONNX export (opset {ONNX_OPSET}): onnxruntime max abs difference vs eager {onnx_parity:.2e}")
     info = {"config": config.to_dict(), "history": history.epochs, "train_seconds": history.seconds,
             "torchscript_max_abs_diff": parity, "onnx_max_abs_diff": onnx_parity,
-            "onnx_opset": None if onnx_parity is None else ONNX_OPSET}
+            "onnx_opset": None if onnx_parity is None else ONNX_OPSET, "quantization": quantization}
     (out / TRAIN_FILE).write_text(json.dumps(info, indent=2))
     return info
 
@@ -250,7 +266,7 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
         "metrics": {"accuracy": result["accuracy"], "open_set_rejection": result["open_set_rejection"]},
         "drift_baseline": baseline,
         "training": {key: train_info.get(key) for key in ("config", "train_seconds", "torchscript_max_abs_diff",
-                                                          "onnx_max_abs_diff", "onnx_opset")},
+                                                          "onnx_max_abs_diff", "onnx_opset", "quantization")},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "faiss": faiss.__version__, "numpy": np.__version__, **onnx_versions(out)},
         "sha256": {name: sha256_file(out / name) for name in (*CHECKSUMMED, *present_optional(out))},

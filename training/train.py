@@ -52,6 +52,8 @@ class TrainConfig:
     #: like ``negatives``, DIGIT_PRINTED for the classes "0".."9" in that order) and share of batch_size.
     printed: int | None = None
     printed_share: float = 0.125
+    #: Post-training quantization of the exported model.pt (training.quantize.QUANTIZATION): none or int8.
+    quantize: str = "none"
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -139,6 +139,12 @@ def test_compiled_kserve_deploy_takes_credentials_only_from_the_secret(compiled)
     assert all(re.fullmatch(r"[a-z0-9-]+", declared[name]["defaultValue"]) for name in secretish)
 
 
+def test_compiled_train_task_takes_the_training_parameters(compiled):
+    inputs = compiled["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+    for name in ("epochs", "embedding_dim", "width", "seed", "k", "quantize"):
+        assert inputs[name] == {"componentInputParameter": name}, name
+
+
 def test_compiled_parameters_match_the_table(compiled):
     declared = compiled["root"]["inputDefinitions"]["parameters"]
     assert set(declared) == set(P.DEFAULTS)
@@ -276,6 +282,7 @@ def test_cli_run_local_gate_skips_deploy(tmp_path):
      "kserve_pvc_claim='b' but kserve_storage_uri names claim 'a'"),
     (["run-local", "--model-version", "1.0-"], 1, "model_version='1.0-'"),
     (["run-local", "--index-type", "annoy"], 2, "invalid choice: 'annoy'"),
+    (["run-local", "--quantize", "int4"], 2, "invalid choice: 'int4'"),
     (["submit", "--epochs", "two"], 2, "invalid int value: 'two'"),
 ])
 def test_cli_bad_parameters_fail_on_one_line(argv, code, message, capsys):

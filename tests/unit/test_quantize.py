@@ -1,0 +1,131 @@
+"""int8 post-training quantization (`python -m training --quantize int8`): the quantized network stays close to the
+float one, everything in the artifact directory is built with it, and the handler serves it on the CPU only."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from serving.samples import held_out_digits, user_digit_png
+
+from handler.artifacts import MODEL_FILE, ONNX_FILE, ArtifactError, artifact_files, quantization, verify_artifacts
+from handler.service import EmbeddingService
+from training import quantize as quantize_module
+from training.__main__ import parse_args
+from training.export import ExportError
+from training.model import EmbeddingNet
+from training.quantize import QuantizationError, quantize_int8
+from training.steps import train_and_export
+from training.train import TrainConfig, embed
+
+
+def trained_net(prepared_sample, pool: str = "avg") -> EmbeddingNet:
+    """A briefly trained float network (48 steps: its neighbours are meaningful, unlike an untrained one's)."""
+    from training.train import train_model
+
+    config = TrainConfig(epochs=3, embedding_dim=16, width=8, seed=0, pool=pool, negatives=0, printed=0)
+    model, _ = train_model(prepared_sample.inputs("train")[:2048], prepared_sample.train_y[:2048],
+                           prepared_sample.inputs("test")[:200], prepared_sample.test_y[:200], 10, config, 5,
+                           log=lambda _: None)
+    return model
+
+
+@pytest.mark.parametrize("pool", ["avg", "flatten"])  # both profiles' networks (digits pool, full-frame flattens)
+def test_int8_embeddings_stay_close_to_the_float_ones_and_survive_save_and_reload(prepared_sample, tmp_path, pool):
+    model = trained_net(prepared_sample, pool)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = prepared_sample.inputs("test")[:300]
+    int8, info = quantize_int8(model, prepared_sample.inputs("train")[:512], x)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the float model is untouched
+    assert info["scheme"] == "int8" and info["fused_conv_blocks"] == 5 and info["calibration_images"] == 512
+    with torch.inference_mode():
+        out, ref = int8(torch.from_numpy(x)), model(torch.from_numpy(x))
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    np.testing.assert_allclose(out.norm(dim=1).numpy(), 1.0, atol=1e-5)  # still unit vectors for the index
+    cosine = (out * ref).sum(dim=1)
+    assert float(cosine.min()) == pytest.approx(info["min_cosine_vs_float"], abs=1e-6) and float(cosine.min()) > 0.95
+    assert 0 < info["max_abs_diff_vs_float"] <= quantize_module.MAX_EMBEDDING_DIFF  # really quantized, not a copy
+    # The same nearest-neighbour label for nearly every query, each model searching its own gallery embeddings.
+    gallery = prepared_sample.inputs("train")[:1000]
+    labels = prepared_sample.train_y[:1000]
+    float_nn = labels[(ref.numpy() @ embed(model, gallery).T).argmax(1)]
+    int8_nn = labels[(out.numpy() @ embed(int8, gallery).T).argmax(1)]
+    assert np.mean(float_nn == int8_nn) >= 0.95
+    path = tmp_path / MODEL_FILE
+    int8.save(str(path))
+    reloaded = torch.jit.load(str(path), map_location="cpu")
+    assert any("quantized::" in node.kind() for node in reloaded.graph.nodes())
+    with torch.inference_mode():
+        assert torch.equal(reloaded(torch.from_numpy(x)), out)
+
+
+def test_a_calibration_that_strays_is_refused(prepared_sample, monkeypatch):
+    monkeypatch.setattr(quantize_module, "MAX_EMBEDDING_DIFF", 1e-9)
+    with pytest.raises(QuantizationError, match="differ from the float model's"):
+        quantize_int8(trained_net(prepared_sample), prepared_sample.inputs("train")[:256],
+                      prepared_sample.inputs("test")[:64])
+    assert issubclass(QuantizationError, ExportError)  # the training CLI reports it in one line
+
+
+def test_an_engine_torch_lacks_is_refused_in_one_line(prepared_sample):
+    with pytest.raises(QuantizationError, match="not available in this torch build"):
+        quantize_int8(EmbeddingNet(16, 8).eval(), prepared_sample.inputs("train")[:8], prepared_sample.inputs("test")[:8],
+                      engine="no-such-engine")
+
+
+def test_an_unknown_quantize_value_is_refused_before_training(prepared_sample, tmp_path, monkeypatch):
+    from training import steps
+
+    monkeypatch.setattr(steps, "train_model", lambda *a, **k: pytest.fail("trained before checking quantize"))
+    with pytest.raises(ValueError, match="quantize must be one of none, int8"):
+        train_and_export(prepared_sample, TrainConfig(quantize="int4"), tmp_path)
+
+
+def test_cli_flag_reaches_the_config():
+    assert parse_args(["--quantize", "int8"]).quantize == "int8"
+    assert parse_args([]).quantize == "none"
+    with pytest.raises(SystemExit):
+        parse_args(["--quantize", "fp16"])
+
+
+def test_int8_artifacts_record_the_scheme_and_hold_no_onnx_model(tiny_int8_artifacts):
+    metadata = verify_artifacts(tiny_int8_artifacts)
+    assert quantization(metadata) == "int8"
+    recorded = metadata["training"]["quantization"]
+    assert recorded["engine"] in torch.backends.quantized.supported_engines
+    train = json.loads((tiny_int8_artifacts / "train.json").read_text())
+    assert train["config"]["quantize"] == "int8" and train["quantization"] == recorded
+    assert train["onnx_max_abs_diff"] is None and not (tiny_int8_artifacts / ONNX_FILE).exists()
+    assert ONNX_FILE not in artifact_files(metadata)
+
+
+def test_gallery_and_threshold_are_built_with_the_int8_model(tiny_int8_artifacts, prepared_sample):
+    """The gallery vectors are the served (int8) model's embeddings of the training images, so a training image
+    finds itself at distance 0, and the recorded accuracy is what the served model answers."""
+    service = EmbeddingService.from_dir(tiny_int8_artifacts)
+    train = prepared_sample.inputs("train")
+    vectors = service.embed(train[:64])
+    distances, ids = service.searcher.index.search(vectors, 1)
+    assert (ids[:, 0] == np.arange(64)).mean() >= 0.95 and float(np.median(distances)) < 1e-6
+    test_emb = service.embed(prepared_sample.inputs("test"))
+    served = np.array([a["pred"] for a in service.searcher.classify(test_emb)])
+    accuracy = float((served == np.array([prepared_sample.classes[y] for y in prepared_sample.test_y])).mean())
+    assert accuracy == pytest.approx(service.metadata["metrics"]["accuracy"], abs=1e-9)
+    assert accuracy > 0.9
+
+
+def test_the_float_artifacts_are_not_quantized(tiny_artifacts):
+    assert quantization(verify_artifacts(tiny_artifacts)) == "none"
+
+
+def test_int8_serves_on_cpu_and_is_refused_on_cuda_and_onnxruntime(tiny_int8_artifacts):
+    service = EmbeddingService.from_dir(tiny_int8_artifacts)
+    answers, _ = service.answer([user_digit_png(canvas) for canvas in held_out_digits()])
+    assert sum(a["pred"] == str(digit) for digit, a in enumerate(answers)) >= 9, answers
+    with pytest.raises(ArtifactError, match="runs on the CPU only, not on cuda"):
+        EmbeddingService.from_dir(tiny_int8_artifacts, device="cuda")
+    with pytest.raises(ArtifactError, match="model.onnx: an int8 model has none"):
+        EmbeddingService.from_dir(tiny_int8_artifacts, runtime="onnxruntime")
+
