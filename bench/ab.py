@@ -1,0 +1,124 @@
+"""`python -m bench.ab --a DIR --b DIR --name NAME [--rounds 2] [--out bench/results]`: two artifact directories
+(say the float and the int8 model) served the same way, measured alternately.
+
+Each round runs `python -m bench --sections ceiling,rest --configs shipped` on A, then on B, in separate processes
+(A B A B ...), so a slow stretch of the shared machine hits both sides. Per figure it reports each side's median
+over rounds and the median of the per-round ratios B / A. Writes ab-NAME.json and ab-NAME.md into --out; each
+bench run's own results stay under --work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .env import cpu_model, load_average
+from .stats import median
+
+CONCURRENCIES = (1, 16, 64)
+
+
+def run_bench(artifacts: Path, out: Path, trials: int, log=print) -> dict[str, Any]:
+    """One `python -m bench` run (ceiling and REST, shipped configuration, no peers); its results.json."""
+    cmd = [sys.executable, "-m", "bench", "--artifacts", str(artifacts), "--out", str(out), "--sections",
+           "ceiling,rest", "--configs", "shipped", "--peers", "", "--concurrency",
+           ",".join(map(str, CONCURRENCIES)), "--trials", str(trials)]
+    log(f"[{datetime.now(UTC):%H:%M:%S}] {' '.join(cmd[1:])}")
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return json.loads((out / "results.json").read_text())
+
+
+def figures(result: dict[str, Any]) -> dict[str, float]:
+    """The compared figures of one bench run, by name."""
+    out: dict[str, float] = {}
+    for row in result["ceiling"]["rows"]:
+        if row["layout"] == "2x1" and row["batch"] in (8, 128):
+            out[f"ceiling 2x1 batch {row['batch']}, images/s"] = row["images_per_s"]["median"]
+    runs = {run["concurrency"]: run for run in result["torchserve"][0]["runs"]}
+    for c in CONCURRENCIES:
+        out[f"REST c={c}, req/s"] = median(runs[c]["throughput"])
+        out[f"REST c={c}, p50 ms"] = median(runs[c]["p50_ms"])
+        out[f"REST c={c}, p99 ms"] = median(runs[c]["p99_ms"])
+    split = [trial["split"] for trial in runs[16]["trials"] if trial.get("split")]
+    if split:
+        out["c=16 embed ms per batch"] = float(np.median([s["embed"] for s in split]))
+        out["c=16 preprocess ms per batch"] = float(np.median([s["preprocess"] for s in split]))
+    out["accuracy (held-out, as served)"] = result["data"]["accuracy"]
+    return out
+
+
+def compare(rounds: list[tuple[dict[str, float], dict[str, float]]]) -> list[dict[str, Any]]:
+    rows = []
+    for name in rounds[0][0]:
+        a = [r[0][name] for r in rounds]
+        b = [r[1][name] for r in rounds]
+        ratios = [y / x for x, y in zip(a, b) if x]
+        rows.append({"figure": name, "a": float(np.median(a)), "b": float(np.median(b)), "a_values": a, "b_values": b,
+                     "ratio_b_over_a": float(np.median(ratios)) if ratios else None})
+    return rows
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"# A/B: {result['name']}", "",
+             f"`{result['command']}` on {result['cpu']}, {result['started']} to {result['finished']}; load average "
+             f"(1 min) {result['load_start']} at start, {result['load_end']} at end (2 shared cores).", "",
+             f"A = `{result['a']}`, B = `{result['b']}`. {result['rounds']} rounds, A then B in each; every bench run is "
+             f"`python -m bench --sections ceiling,rest --configs shipped --peers '' --concurrency 1,16,64 --trials "
+             f"{result['trials']}` (median of its trials). Below: median over rounds (per-round values in brackets) "
+             "and the median per-round ratio B / A.", "",
+             "| figure | A | B | B / A |", "|---|---|---|---|"]
+    for row in result["rows"]:
+        digits = 4 if row["figure"].startswith("accuracy") else 2 if row["figure"].endswith("ms") or " ms " in row["figure"] else 0
+
+        def cell(value: float, values: list[float]) -> str:
+            return f"{value:.{digits}f} [{', '.join(f'{v:.{digits}f}' for v in values)}]"
+        ratio = "" if row["ratio_b_over_a"] is None else f"{row['ratio_b_over_a']:.2f}"
+        lines.append(f"| {row['figure']} | {cell(row['a'], row['a_values'])} | {cell(row['b'], row['b_values'])} "
+                     f"| {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.splitlines()[0])
+    p.add_argument("--a", type=Path, required=True, help="artifact directory A (the baseline)")
+    p.add_argument("--b", type=Path, required=True, help="artifact directory B")
+    p.add_argument("--name", required=True, help="names the output files: ab-NAME.md, ab-NAME.json")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    p.add_argument("--work", type=Path, default=Path("local_outputs/bench-ab"))
+    args = p.parse_args(argv)
+    for side in (args.a, args.b):
+        if not (side / "metadata.json").is_file():
+            print(f"bench.ab: error: {side} is not an artifact directory (no metadata.json)", file=sys.stderr)
+            return 1
+    started, load_start = datetime.now(UTC), load_average()[0]
+    rounds = []
+    t0 = time.perf_counter()
+    for i in range(args.rounds):
+        pair = tuple(figures(run_bench(side, args.work / f"round{i}-{tag}", args.trials))
+                     for tag, side in (("a", args.a), ("b", args.b)))
+        rounds.append(pair)
+    result = {"name": args.name, "a": str(args.a), "b": str(args.b), "rounds": args.rounds, "trials": args.trials,
+              "command": "python -m bench.ab " + " ".join(sys.argv[1:] if argv is None else argv),
+              "cpu": f"{cpu_model()}, {os.cpu_count()} logical cores", "started": started.isoformat(timespec="seconds"),
+              "finished": datetime.now(UTC).isoformat(timespec="seconds"), "seconds": round(time.perf_counter() - t0),
+              "load_start": load_start, "load_end": load_average()[0], "rows": compare(rounds)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"ab-{args.name}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"ab-{args.name}.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
