@@ -129,3 +129,19 @@ def test_int8_serves_on_cpu_and_is_refused_on_cuda_and_onnxruntime(tiny_int8_art
     with pytest.raises(ArtifactError, match="model.onnx: an int8 model has none"):
         EmbeddingService.from_dir(tiny_int8_artifacts, runtime="onnxruntime")
 
+
+
+def test_enrollment_into_int8_artifacts_embeds_with_the_int8_model(tiny_int8_artifacts, tmp_path):
+    from test_enroll import write_new_folder
+
+    from training.enroll import enroll_artifacts
+
+    new = write_new_folder(tmp_path / "new")
+    metadata = enroll_artifacts(tiny_int8_artifacts, f"folder:{new}", tmp_path / "out", log=lambda _: None)
+    assert quantization(metadata) == "int8" and quantization(verify_artifacts(tmp_path / "out")) == "int8"
+    service = EmbeddingService.from_dir(tmp_path / "out")
+    labels = json.loads((tmp_path / "out" / "labels.json").read_text())
+    box = labels.index("box")  # the first enrolled image of the new class: its vector is the int8 embedding of it
+    png = (new / "box" / json.loads((tmp_path / "out" / "sources.json").read_text())["ids"][box].split("/")[-1])
+    distances, ids = service.searcher.index.search(service.embed(service.profile.preprocess(png.read_bytes())[None]), 1)
+    assert ids[0, 0] == box and distances[0, 0] < 1e-6
