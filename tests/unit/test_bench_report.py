@@ -1,0 +1,30 @@
+"""bench.report's fairness flag: a server under load that did not use both cores is marked in every table and in
+the peer target, so a comparison with it is read as what it is."""
+
+from __future__ import annotations
+
+from bench.report import _load_rows, _peer_target, unsaturated
+
+
+def run(c: int, cpu: float, rps: float = 1000.0, p99: float = 20.0) -> dict:
+    s = lambda v: {"median": v, "min": v, "max": v, "n": 1, "missing": 0, "values": [v]}
+    return {"concurrency": c, "throughput": s(rps), "p50_ms": s(5.0), "p90_ms": s(9.0), "p99_ms": s(p99),
+            "errors": 0, "loadgen_cpu_pct": s(3.0), "server_cpu_pct": s(cpu)}
+
+
+def test_only_loaded_runs_below_180_percent_are_flagged():
+    assert unsaturated(run(16, 98.0)) and unsaturated(run(64, 179.0))
+    assert not unsaturated(run(16, 179.6))  # shown as 180 in the table: not flagged
+    assert not unsaturated(run(16, 190.0))
+    assert not unsaturated(run(4, 98.0))  # at low concurrency one core may be all the work needs
+    rows = _load_rows([run(4, 98.0), run(16, 98.0), run(16, 185.0)], "peer")
+    assert ["below both cores" in row[-1] for row in rows] == [False, True, False]
+
+
+def test_peer_target_names_the_unsaturated_peer():
+    results = {"peers": [{"name": "fastapi", "runs": [run(16, 98.0, rps=900.0, p99=15.0)]},
+                         {"name": "litserve", "runs": [run(16, 185.0, rps=800.0, p99=30.0)]}]}
+    target = _peer_target(results, {"runs": [run(16, 181.0, rps=1200.0, p99=20.0)]})
+    assert target["met"] is False  # fastapi's p99 is lower
+    assert "fastapi 900 req/s p99 15.0 ms (server CPU 98%: below both cores) (not beaten)" in target["why"]
+    assert "litserve 800 req/s p99 30.0 ms (beaten by REST)" in target["why"]
