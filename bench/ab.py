@@ -1,8 +1,9 @@
 """`python -m bench.ab --a DIR --b DIR --name NAME [--rounds 2] [--out bench/results]`: two artifact directories
 (say the float and the int8 model) served the same way, measured alternately.
 
-Each round runs `python -m bench --sections ceiling,rest --configs shipped` on A, then on B, in separate processes
-(A B A B ...), so a slow stretch of the shared machine hits both sides. Per figure it reports each side's median
+Each round runs `python -m bench --sections ceiling,rest --configs shipped` on both, in separate processes, A first
+in even rounds and B first in odd ones (A B B A ...), so a slow stretch of the shared machine, or load that builds
+up over the run, hits both sides alike. Per figure it reports each side's median
 over rounds and the median of the per-round ratios B / A. Writes ab-NAME.json and ab-NAME.md into --out; each
 bench run's own results stay under --work.
 """
@@ -33,18 +34,31 @@ def run_bench(artifacts: Path, out: Path, trials: int, log=print) -> dict[str, A
            "ceiling,rest", "--configs", "shipped", "--peers", "", "--concurrency",
            ",".join(map(str, CONCURRENCIES)), "--trials", str(trials)]
     log(f"[{datetime.now(UTC):%H:%M:%S}] {' '.join(cmd[1:])}")
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ABError(f"python -m bench on {artifacts} exited with {done.returncode}: {last}")
     return json.loads((out / "results.json").read_text())
 
 
+class ABError(Exception):
+    """A side could not be measured (the message names it and why)."""
+
+
 def figures(result: dict[str, Any]) -> dict[str, float]:
-    """The compared figures of one bench run, by name."""
+    """The compared figures of one bench run, by name; ABError when the server did not serve them."""
+    served = result.get("torchserve") or [{}]
+    if served[0].get("error") or not served[0].get("runs"):
+        raise ABError(f"{result['data']['artifacts']}: TorchServe did not serve it: {served[0].get('error', 'no runs')}")
     out: dict[str, float] = {}
     for row in result["ceiling"]["rows"]:
         if row["layout"] == "2x1" and row["batch"] in (8, 128):
             out[f"ceiling 2x1 batch {row['batch']}, images/s"] = row["images_per_s"]["median"]
-    runs = {run["concurrency"]: run for run in result["torchserve"][0]["runs"]}
+    runs = {run["concurrency"]: run for run in served[0]["runs"]}
     for c in CONCURRENCIES:
+        if c not in runs or median(runs[c]["throughput"]) is None:
+            raise ABError(f"{result['data']['artifacts']}: no REST figure at c={c}")
         out[f"REST c={c}, req/s"] = median(runs[c]["throughput"])
         out[f"REST c={c}, p50 ms"] = median(runs[c]["p50_ms"])
         out[f"REST c={c}, p99 ms"] = median(runs[c]["p99_ms"])
@@ -61,7 +75,7 @@ def compare(rounds: list[tuple[dict[str, float], dict[str, float]]]) -> list[dic
     for name in rounds[0][0]:
         a = [r[0][name] for r in rounds]
         b = [r[1][name] for r in rounds]
-        ratios = [y / x for x, y in zip(a, b) if x]
+        ratios = [y / x for x, y in zip(a, b) if x and y is not None]
         rows.append({"figure": name, "a": float(np.median(a)), "b": float(np.median(b)), "a_values": a, "b_values": b,
                      "ratio_b_over_a": float(np.median(ratios)) if ratios else None})
     return rows
@@ -70,8 +84,9 @@ def compare(rounds: list[tuple[dict[str, float], dict[str, float]]]) -> list[dic
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"# A/B: {result['name']}", "",
              f"`{result['command']}` on {result['cpu']}, {result['started']} to {result['finished']}; load average "
-             f"(1 min) {result['load_start']} at start, {result['load_end']} at end (2 shared cores).", "",
-             f"A = `{result['a']}`, B = `{result['b']}`. {result['rounds']} rounds, A then B in each; every bench run is "
+             f"(1 min) {result['load_start']} at start, {result['load_end']} at end.", "",
+             f"A = `{result['a']}`, B = `{result['b']}`. {result['rounds']} rounds, A first in even rounds and B first in "
+             "odd ones; every bench run is "
              f"`python -m bench --sections ceiling,rest --configs shipped --peers '' --concurrency 1,16,64 --trials "
              f"{result['trials']}` (median of its trials). Below: median over rounds (per-round values in brackets) "
              "and the median per-round ratio B / A.", "",
@@ -87,13 +102,20 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.splitlines()[0])
     p.add_argument("--a", type=Path, required=True, help="artifact directory A (the baseline)")
     p.add_argument("--b", type=Path, required=True, help="artifact directory B")
     p.add_argument("--name", required=True, help="names the output files: ab-NAME.md, ab-NAME.json")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--trials", type=int, default=3)
+    p.add_argument("--rounds", type=_positive, default=2)
+    p.add_argument("--trials", type=_positive, default=3)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--work", type=Path, default=Path("local_outputs/bench-ab"))
     args = p.parse_args(argv)
@@ -104,10 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     started, load_start = datetime.now(UTC), load_average()[0]
     rounds = []
     t0 = time.perf_counter()
-    for i in range(args.rounds):
-        pair = tuple(figures(run_bench(side, args.work / f"round{i}-{tag}", args.trials))
-                     for tag, side in (("a", args.a), ("b", args.b)))
-        rounds.append(pair)
+    try:
+        for i in range(args.rounds):
+            order = (("a", args.a), ("b", args.b)) if i % 2 == 0 else (("b", args.b), ("a", args.a))
+            measured = {tag: figures(run_bench(side, args.work / f"round{i}-{tag}", args.trials)) for tag, side in order}
+            rounds.append((measured["a"], measured["b"]))
+    except (ABError, OSError, ValueError) as exc:
+        print(f"bench.ab: error: {exc}", file=sys.stderr)
+        return 1
     result = {"name": args.name, "a": str(args.a), "b": str(args.b), "rounds": args.rounds, "trials": args.trials,
               "command": "python -m bench.ab " + " ".join(sys.argv[1:] if argv is None else argv),
               "cpu": f"{cpu_model()}, {os.cpu_count()} logical cores", "started": started.isoformat(timespec="seconds"),

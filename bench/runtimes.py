@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from handler.artifacts import LABELS_FILE, MODEL_FILE, ONNX_FILE, verify_artifacts
+from handler.artifacts import LABELS_FILE, MODEL_FILE, ONNX_FILE, quantization, verify_artifacts
 from handler.preprocessing import is_blank, profile_of
 from handler.search import GallerySearcher, class_prototypes
 from handler.service import EmbeddingService
@@ -473,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
 
     load_start = os.getloadavg()[0]
     metadata = verify_artifacts(args.artifacts)
+    if quantization(metadata) != "none":
+        p.error(f"{args.artifacts} holds an {quantization(metadata)} model: this benchmark compares runtimes of the "
+                "float model (train without --quantize)")
     if ONNX_FILE not in metadata.get("sha256", {}):
         p.error(f"{args.artifacts} has no {ONNX_FILE}: train with onnx and onnxruntime installed")
     data = prepare_data(metadata["dataset"]["name"], profile=profile_of(metadata).name)

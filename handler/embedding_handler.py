@@ -19,7 +19,7 @@ from http import HTTPStatus
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from handler.artifacts import ArtifactError
+from handler.artifacts import ArtifactError, quantization, read_metadata
 from handler.preprocessing import DEFAULT_MAX_PIXELS
 from handler.protocols import encode, read_row
 from handler.service import DEFAULT_RUNTIME, EmbeddingService
@@ -51,6 +51,19 @@ def pick_device(gpu_id: int | str | None, setting: str = "auto", cuda_available:
     raise ValueError(f"handler.device must be auto, cpu, cuda or cuda:N, got {setting!r}")
 
 
+def auto_device_for(model_dir: str, device: str) -> str:
+    """``device: auto`` on a GPU worker: the CPU for an int8 model (quantized kernels are CPU-only), else `device`.
+    Unreadable metadata keeps `device`: loading then reports the problem."""
+    try:
+        scheme = quantization(read_metadata(model_dir))
+    except (ArtifactError, OSError, ValueError, AttributeError):
+        return device
+    if scheme == "none":
+        return device
+    logger.info("handler.device auto: %s model, serving on the CPU instead of %s", scheme, device)
+    return "cpu"
+
+
 class EmbeddingHandler(BaseHandler):
     """Image bytes -> embedding -> FAISS k-NN answer, one JSON answer per request of the batch."""
 
@@ -61,6 +74,8 @@ class EmbeddingHandler(BaseHandler):
         if threads > 0:
             torch.set_num_threads(threads)
         device = pick_device(properties.get("gpu_id"), str(settings.get("device", "auto")))
+        if device != "cpu" and str(settings.get("device", "auto")).strip().lower() == "auto":
+            device = auto_device_for(properties["model_dir"], device)
         if "k" in settings:
             # k belongs to the trained model (metadata.json): the accuracy training reported is the one served.
             logger.warning("model-config.yaml handler.k=%s is ignored: k comes from the model's metadata.json",

@@ -67,9 +67,16 @@ def load_model(model_dir: Path, metadata: dict, device: str = "cpu", runtime: st
     if runtime not in RUNTIMES:
         raise ValueError(f"handler.runtime must be {' or '.join(RUNTIMES)}, got {runtime!r}")
     scheme = quantization(metadata)
-    if scheme != "none" and torch.device(device).type != "cpu":
-        raise ArtifactError(f"{Path(model_dir) / MODEL_FILE}: an {scheme} model (training --quantize {scheme}) runs on "
-                            f"the CPU only, not on {device} (set handler.device: cpu, or train without --quantize)")
+    if scheme != "none":
+        if torch.device(device).type != "cpu":
+            raise ArtifactError(f"{Path(model_dir) / MODEL_FILE}: an {scheme} model (training --quantize {scheme}) runs "
+                                f"on the CPU only, not on {device} (set handler.device: cpu or auto, or train without "
+                                "--quantize)")
+        engine = str(metadata["training"]["quantization"].get("engine", ""))
+        if engine not in torch.backends.quantized.supported_engines:
+            raise ArtifactError(f"{Path(model_dir) / MODEL_FILE}: quantized for the {engine!r} engine, which this torch "
+                                f"build lacks (it has {', '.join(torch.backends.quantized.supported_engines)})")
+        torch.backends.quantized.engine = engine
     if runtime == "onnxruntime":
         if torch.device(device).type != "cpu":
             raise ArtifactError(f"handler.runtime=onnxruntime runs on the CPU only, not on {device} "

@@ -24,12 +24,17 @@ def render_report(metadata: dict, metrics: dict, history: Sequence[dict]) -> str
         ("embedding dim, k", f"{metadata['embedding_dim']}, {metadata['k']}"),
         ("gallery index", f"{index['type']} ({index['size']} vectors)"),
         ("training time", f"{training['train_seconds']:.1f} s"),
+        ("model", "int8 convolutions (--quantize int8), CPU serving only"
+         if (training.get("quantization") or {}).get("scheme") == "int8" else "float32"),
     ])
     lines += ["## Per class", ""]
     lines += _table(("class", "precision", "recall", "support"), [
         (name, f"{c['precision']:.3f}", f"{c['recall']:.3f}", c["support"]) for name, c in metrics["per_class"].items()
     ])
     lines += ["## Training", ""]
+    if (training.get("quantization") or {}).get("scheme") == "int8":
+        lines += ["Per-epoch accuracies are the float network's, before quantization; the table above is the int8 "
+                  "model's.", ""]
     lines += _table(("epoch", "loss", "held-out k-NN accuracy"), [
         (h["epoch"], f"{h['loss']:.4f}", f"{h['knn_accuracy']:.4f}") for h in history
     ])

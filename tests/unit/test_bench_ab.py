@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ab import compare, figures, main, markdown
+from bench import ab
+from bench.ab import ABError, compare, figures, main, markdown
 
 
 def result(scale: float) -> dict:
@@ -14,7 +15,7 @@ def result(scale: float) -> dict:
                      "trials": [{"split": {"embed": 1.0 / scale, "preprocess": 1.5}}] if c == 16 else []}
     return {"ceiling": {"rows": [{"layout": "2x1", "batch": b, "images_per_s": {"median": 1000.0 * scale * b}}
                                  for b in (1, 8, 128)] + [{"layout": "1x2", "batch": 8, "images_per_s": {"median": 1.0}}]},
-            "torchserve": [{"runs": [run(c) for c in (1, 16, 64)]}], "data": {"accuracy": 0.99}}
+            "torchserve": [{"runs": [run(c) for c in (1, 16, 64)]}], "data": {"accuracy": 0.99, "artifacts": "D"}}
 
 
 def test_ratios_are_per_round_medians():
@@ -36,3 +37,41 @@ def test_a_directory_without_metadata_is_refused_in_one_line(tmp_path, capsys):
     assert main(["--a", str(tmp_path), "--b", str(tmp_path), "--name", "x", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not an artifact directory" in err[0]
+
+
+def test_a_side_torchserve_refused_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    refused = result(1.0)
+    refused["torchserve"] = [{"name": "shipped", "error": "worker died: ArtifactError: runs on the CPU only"}]
+    with pytest.raises(ABError, match="D: TorchServe did not serve it: worker died"):
+        figures(refused)
+    partial = result(1.0)
+    partial["torchserve"][0]["runs"] = partial["torchserve"][0]["runs"][:2]
+    with pytest.raises(ABError, match="no REST figure at c=64"):
+        figures(partial)
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "metadata.json").write_text("{}")
+    monkeypatch.setattr(ab, "run_bench", lambda artifacts, out, trials: refused)
+    assert main(["--a", str(tmp_path / "a"), "--b", str(tmp_path / "b"), "--name", "x", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench.ab: error: D: TorchServe did not serve it")
+
+
+def test_rounds_alternate_which_side_goes_first(tmp_path, monkeypatch):
+    order = []
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "metadata.json").write_text("{}")
+
+    def fake(artifacts, out, trials):
+        order.append(artifacts.name)
+        return result(2.0 if artifacts.name == "b" else 1.0)
+
+    monkeypatch.setattr(ab, "run_bench", fake)
+    assert main(["--a", str(tmp_path / "a"), "--b", str(tmp_path / "b"), "--name", "x", "--rounds", "3",
+                 "--out", str(tmp_path / "out")]) == 0
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert "| REST c=16, req/s | 1600 [1600, 1600, 1600] | 3200 [3200, 3200, 3200] | 2.00 |" in (
+        tmp_path / "out" / "ab-x.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["--a", "a", "--b", "b", "--name", "x", "--rounds", "0"])

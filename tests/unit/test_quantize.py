@@ -132,7 +132,7 @@ def test_int8_serves_on_cpu_and_is_refused_on_cuda_and_onnxruntime(tiny_int8_art
 
 
 def test_enrollment_into_int8_artifacts_embeds_with_the_int8_model(tiny_int8_artifacts, tmp_path):
-    from test_enroll import write_new_folder
+    from support.enroll_folder import write_new_folder
 
     from training.enroll import enroll_artifacts
 
@@ -145,3 +145,69 @@ def test_enrollment_into_int8_artifacts_embeds_with_the_int8_model(tiny_int8_art
     png = (new / "box" / json.loads((tmp_path / "out" / "sources.json").read_text())["ids"][box].split("/")[-1])
     distances, ids = service.searcher.index.search(service.embed(service.profile.preprocess(png.read_bytes())[None]), 1)
     assert ids[0, 0] == box and distances[0, 0] < 1e-6
+
+
+def test_cli_passes_quantize_to_the_build(monkeypatch, tmp_path):
+    from training import build
+    from training.__main__ import main
+
+    seen = {}
+
+    def fake_build(data, out, config, *args, **kwargs):
+        seen["quantize"] = config.quantize
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(build, "build_artifacts", fake_build)
+    assert main(["--out", str(tmp_path / "a"), "--quantize", "int8"]) == 1
+    assert seen == {"quantize": "int8"}
+
+
+def test_torch_ao_failures_become_one_line_quantization_errors(prepared_sample, monkeypatch):
+    from torch.ao import quantization as tq
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Could not run 'quantized::conv2d.new' with arguments from the 'CPU' backend.\nmore")
+
+    monkeypatch.setattr(tq, "convert", broken)
+    with pytest.raises(QuantizationError, match=r"^int8 quantization failed: RuntimeError: Could not run .*backend\.$"):
+        quantize_int8(EmbeddingNet(16, 8).eval(), prepared_sample.inputs("train")[:8], prepared_sample.inputs("test")[:8])
+
+
+def test_a_network_whose_blocks_do_not_match_is_refused(prepared_sample, monkeypatch):
+    monkeypatch.setattr(quantize_module, "_conv_blocks", lambda net: [])
+    with pytest.raises(QuantizationError, match="found 0 conv/batch-norm/ReLU blocks for 5 convolutions"):
+        quantize_int8(EmbeddingNet(16, 8).eval(), prepared_sample.inputs("train")[:8], prepared_sample.inputs("test")[:8])
+
+
+def test_device_auto_serves_int8_on_the_cpu_of_a_gpu_worker(tiny_int8_artifacts, tiny_artifacts, tmp_path):
+    from handler.embedding_handler import auto_device_for
+
+    assert auto_device_for(str(tiny_int8_artifacts), "cuda:0") == "cpu"
+    assert auto_device_for(str(tiny_artifacts), "cuda:0") == "cuda:0"
+    assert auto_device_for(str(tmp_path), "cuda:0") == "cuda:0"  # no metadata: loading reports it
+
+
+def test_an_engine_this_torch_lacks_is_refused_at_load(tiny_int8_artifacts, tmp_path):
+    import shutil
+
+    copy = tmp_path / "artifacts"
+    shutil.copytree(tiny_int8_artifacts, copy)
+    metadata = json.loads((copy / "metadata.json").read_text())
+    metadata["training"]["quantization"]["engine"] = "qnnpack-arm"
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(ArtifactError, match="quantized for the 'qnnpack-arm' engine, which this torch build lacks"):
+        EmbeddingService.from_dir(copy)
+
+
+def test_pipeline_report_says_which_model_it_describes(tiny_int8_artifacts, tiny_artifacts):
+    from pipeline.report import render_report
+
+    def report(directory):
+        return render_report(json.loads((directory / "metadata.json").read_text()),
+                             json.loads((directory / "metrics.json").read_text()),
+                             json.loads((directory / "train.json").read_text())["history"])
+
+    int8, float32 = report(tiny_int8_artifacts), report(tiny_artifacts)
+    assert "| model | int8 convolutions (--quantize int8), CPU serving only |" in int8
+    assert "the float network's, before quantization" in int8
+    assert "| model | float32 |" in float32 and "before quantization" not in float32
