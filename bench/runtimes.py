@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import time
-import warnings
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +41,7 @@ from handler.artifacts import LABELS_FILE, MODEL_FILE, ONNX_FILE, quantization, 
 from handler.preprocessing import is_blank, profile_of
 from handler.search import GallerySearcher, class_prototypes
 from handler.service import EmbeddingService
+from training.quantize import static_int8
 
 from .stats import fmt, mid, summarize
 
@@ -106,8 +106,6 @@ def quantize_int8(model_pt: Path, calibration: np.ndarray, reference: Callable[[
                   engine: str = "x86") -> tuple[torch.jit.ScriptModule, dict[str, Any]]:
     """model.pt's conv layers in int8 (eager static quantization, `engine` backend), traced and frozen; and what
     was checked on the way: the float rebuild's difference from model.pt (`reference`) on the calibration set."""
-    from torch.ao import quantization as tq
-
     convs, linear = folded_weights(model_pt)
     model = FoldedNet(convs, linear)
     x = torch.from_numpy(np.ascontiguousarray(calibration))
@@ -115,20 +113,10 @@ def quantize_int8(model_pt: Path, calibration: np.ndarray, reference: Callable[[
         rebuild_diff = float(np.abs(model(x).numpy() - reference(calibration)).max())
     if not rebuild_diff <= DISTANCE_TOLERANCE:
         raise ValueError(f"float rebuild of {model_pt} differs from it by {rebuild_diff:.3g}")
-    torch.backends.quantized.engine = engine
-    with warnings.catch_warnings():  # torch.ao.quantization warns that it is moving to torchao
-        warnings.simplefilter("ignore")
-        model = tq.fuse_modules(model, [[f"features.{a}", f"features.{b}"] for a, b in FoldedNet.FUSE])
-        model.qconfig = tq.get_default_qconfig(engine)
-        model.project.qconfig = None  # the conv layers only; the 128 -> D projection stays float
-        prepared = tq.prepare(model)
-        with torch.inference_mode():
-            for start in range(0, len(x), 256):
-                prepared(x[start : start + 256])
-        quantized = tq.convert(prepared)
-        with torch.inference_mode():
-            traced = torch.jit.freeze(torch.jit.trace(quantized, x[:8]).eval())
-            eager_out, traced_out = quantized(x[:64]), traced(x[:64])
+    quantized, traced = static_int8(model, [[f"features.{a}", f"features.{b}"] for a, b in FoldedNet.FUSE], x, x[:8],
+                                    engine)
+    with torch.inference_mode():
+        eager_out, traced_out = quantized(x[:64]), traced(x[:64])
     trace_diff = float((eager_out - traced_out).abs().max())
     return traced, {"engine": engine, "calibration_images": int(len(x)), "float_rebuild_max_abs_diff": rebuild_diff,
                     "trace_max_abs_diff": trace_diff, "quantized": "5 conv layers (conv+ReLU fused), per-channel "

@@ -59,6 +59,29 @@ def _conv_blocks(net: EmbeddingNet) -> list[list[str]]:
     return blocks
 
 
+def static_int8(module: nn.Module, fuse: list[list[str]], calibration: torch.Tensor, example: torch.Tensor,
+                engine: str = "x86") -> tuple[nn.Module, torch.jit.ScriptModule]:
+    """Eager static quantization of `module` between its QuantStub and DeQuantStub, its ``project`` child left
+    float: fuse the named module groups, calibrate on `calibration`, convert; then trace on `example` and freeze.
+    Returns (the converted eager module, the frozen TorchScript one). torch.ao's own exceptions pass through."""
+    from torch.ao import quantization as tq
+
+    torch.backends.quantized.engine = engine
+    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
+        warnings.simplefilter("ignore")
+        fused = tq.fuse_modules(module, fuse)
+        fused.qconfig = tq.get_default_qconfig(engine)
+        fused.project.qconfig = None
+        prepared = tq.prepare(fused)
+        with torch.inference_mode():
+            for start in range(0, len(calibration), 256):
+                prepared(calibration[start : start + 256])
+        quantized = tq.convert(prepared)
+        with torch.inference_mode():
+            traced = torch.jit.freeze(torch.jit.trace(quantized, example).eval())
+    return quantized, traced
+
+
 def quantize_int8(model: EmbeddingNet, calibration: np.ndarray, check: np.ndarray,
                   engine: str = "x86") -> tuple[torch.jit.ScriptModule, dict[str, Any]]:
     """An int8 copy of the eval-mode ``model`` (left unchanged), traced and frozen, and what was measured on the
@@ -67,8 +90,6 @@ def quantize_int8(model: EmbeddingNet, calibration: np.ndarray, check: np.ndarra
     if engine not in torch.backends.quantized.supported_engines:
         raise QuantizationError(f"quantized engine {engine!r} is not available in this torch build "
                                 f"(supported: {', '.join(torch.backends.quantized.supported_engines)})")
-    from torch.ao import quantization as tq
-
     blocks = _conv_blocks(model)
     convs = sum(isinstance(m, nn.Conv2d) for m in model.features.modules())
     if len(blocks) != convs:
@@ -77,21 +98,10 @@ def quantize_int8(model: EmbeddingNet, calibration: np.ndarray, check: np.ndarra
     wrapped = _Int8Embedding(copy.deepcopy(model).eval()).eval()
     x_cal = torch.as_tensor(np.ascontiguousarray(calibration))
     x_check = torch.as_tensor(np.ascontiguousarray(check))
-    torch.backends.quantized.engine = engine
     try:
-        with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao
-            warnings.simplefilter("ignore")
-            fused = tq.fuse_modules(wrapped, blocks)
-            fused.qconfig = tq.get_default_qconfig(engine)
-            fused.project.qconfig = None
-            prepared = tq.prepare(fused)
-            with torch.inference_mode():
-                for start in range(0, len(x_cal), 256):
-                    prepared(x_cal[start : start + 256])
-            quantized = tq.convert(prepared)
-            with torch.inference_mode():
-                traced = torch.jit.freeze(torch.jit.trace(quantized, x_check[:8]).eval())
-                reference, eager, out = model(x_check), quantized(x_check), traced(x_check)
+        quantized, traced = static_int8(wrapped, blocks, x_cal, x_check[:8], engine)
+        with torch.inference_mode():
+            reference, eager, out = model(x_check), quantized(x_check), traced(x_check)
     except (RuntimeError, AssertionError, ValueError) as exc:  # what torch.ao raises on an unsupported network
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise QuantizationError(f"int8 quantization failed: {type(exc).__name__}: {first}") from exc
