@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from client import EmbeddingClient
-from serving.archive import build_mar
 from serving.samples import held_out_digits, user_digit_png
-from support.torchserve import running_instance
+from support.torchserve import serving_client
 
 pytestmark = pytest.mark.serving
 
@@ -26,11 +24,8 @@ PRINTED_TARGET = 0.98
 
 @pytest.fixture(scope="module")
 def product_client(product_artifacts, tmp_path_factory):
-    store = tmp_path_factory.mktemp("product-store")
-    build_mar(product_artifacts, store)
-    with running_instance(tmp_path_factory.mktemp("product-ts"), store) as instance:
-        with EmbeddingClient(instance.endpoints.inference, token=instance.keys()["inference"]) as client:
-            yield client
+    with serving_client(product_artifacts, tmp_path_factory.mktemp("product")) as client:
+        yield client
 
 
 def test_mnist_example_style_images_are_all_classified_correctly(product_client):

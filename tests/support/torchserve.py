@@ -5,8 +5,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from serving.server import Instance, private_instance, start, stop
+
+if TYPE_CHECKING:
+    from client import EmbeddingClient
 
 
 @contextlib.contextmanager
@@ -18,3 +22,18 @@ def running_instance(workdir: Path, store: Path, **overrides: str) -> Iterator[I
         yield instance
     finally:
         stop(instance)
+
+
+@contextlib.contextmanager
+def serving_client(artifacts: Path, workdir: Path) -> Iterator["EmbeddingClient"]:
+    """An EmbeddingClient (inference token set) to a private TorchServe serving `artifacts`, archived by the
+    project's archiver into workdir/store; stopped afterwards."""
+    from client import EmbeddingClient
+    from serving.archive import build_mar
+
+    store = workdir / "store"
+    store.mkdir(parents=True)
+    build_mar(artifacts, store)
+    with running_instance(workdir / "ts", store) as instance:
+        with EmbeddingClient(instance.endpoints.inference, token=instance.keys()["inference"]) as client:
+            yield client
