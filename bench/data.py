@@ -24,6 +24,7 @@ from PIL import Image, ImageFilter
 
 from handler import preprocessing
 from handler.artifacts import INDEX_FILE, METADATA_FILE, MODEL_FILE
+from training.index import gallery_vectors as stored_vectors
 from serving.samples import user_digit_png
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -95,11 +96,8 @@ def photo_jpeg(image: np.ndarray, rng: np.random.Generator, size: tuple[int, int
 
 
 def gallery_vectors(artifacts: Path) -> np.ndarray:
-    """The gallery embeddings stored in the artifacts' index (exact copies for flat and HNSW-flat)."""
-    index = faiss.read_index(str(artifacts / INDEX_FILE))
-    if isinstance(index, faiss.IndexIVF):
-        index.make_direct_map()
-    return index.reconstruct_n(0, index.ntotal).astype(np.float32)
+    """The gallery embeddings stored in the artifacts' index."""
+    return stored_vectors(faiss.read_index(str(artifacts / INDEX_FILE))).astype(np.float32)
 
 
 def embed_images(artifacts: Path, images: np.ndarray) -> np.ndarray:

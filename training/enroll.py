@@ -58,7 +58,7 @@ from .evaluate import (
     drift_baseline,
     open_set_rejection,
 )
-from .index import build_index, default_search_params, recall_at_1
+from .index import build_index, default_search_params, gallery_vectors, recall_at_1
 from .train import embed
 
 DEFAULT_HOLDOUT = 0.2
@@ -117,13 +117,6 @@ def read_new_images(root: Path, holdout: float, seed: int = 0,
         out[label] = {"canvases": canvases, "files": [f"{label}/{p.name}" for p in paths],
                       "gallery": np.sort(gallery), "held_out": np.sort(held)}
     return out
-
-
-def gallery_vectors(index: faiss.Index) -> np.ndarray:
-    """Every stored vector of a flat, HNSW or IVF-flat index, in id order (float32 (N, D))."""
-    if isinstance(index, faiss.IndexIVF):
-        index.make_direct_map()
-    return index.reconstruct_n(0, index.ntotal)
 
 
 def calibration_images(source: str, metadata: dict[str, Any], cache_dir: Path | None) -> tuple[np.ndarray, list[str]]:

@@ -45,7 +45,7 @@ from .evaluate import (
     write_plots,
 )
 from .export import ONNX_OPSET, export_onnx, export_torchscript, save_checked
-from .index import build_index, default_search_params, recall_at_1, resolve_index_type
+from .index import build_index, default_search_params, gallery_vectors, recall_at_1, resolve_index_type
 from .quantize import CALIBRATION_IMAGES, QUANTIZATION, quantize_int8
 from .train import TrainConfig, embed, resolve_negatives, train_model
 
@@ -226,11 +226,15 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
     model = load_model(out / MODEL_FILE)
     index_info = json.loads((out / INDEX_INFO_FILE).read_text())
     train_info = json.loads((out / TRAIN_FILE).read_text())
+    index = faiss.read_index(str(out / INDEX_FILE))
+    labels = json.loads((out / LABELS_FILE).read_text())
     prototypes = None
     if score == "prototype_distance":
-        names, prototypes = class_prototypes(embed(model, data.inputs("train")), [data.classes[y] for y in data.train_y])
-    searcher = GallerySearcher.from_files(out / INDEX_FILE, out / LABELS_FILE, k=k, score=score, kth=kth,
-                                          prototypes=prototypes, search_params=index_info["search_params"])
+        # build_gallery added model.pt's embeddings of the training split: the index holds exact copies, so the
+        # prototypes need no second pass of the network over the training images.
+        names, prototypes = class_prototypes(gallery_vectors(index), labels)
+    searcher = GallerySearcher(index, labels, k=k, score=score, kth=kth, prototypes=prototypes,
+                               search_params=index_info["search_params"])
     test_emb = embed(model, data.inputs("test"))
     result = evaluate(searcher, test_emb, data.test_y, data.classes)
     top1 = result.pop("top1_distances")

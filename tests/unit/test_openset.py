@@ -271,3 +271,23 @@ def test_outlier_exposure_is_on_for_digit_classes_only(tiny_artifacts):
     assert resolve_negatives(TrainConfig(negatives=7), FASHION_CLASSES).negatives == 7
     metadata = json.loads((tiny_artifacts / METADATA_FILE).read_text())
     assert metadata["training"]["config"]["negatives"] == DIGIT_NEGATIVES
+
+
+@pytest.mark.parametrize("index_type", ["flat", "ivf"])
+def test_prototypes_from_the_stored_gallery_equal_a_fresh_embedding_pass(tiny_artifacts, prepared_sample, tmp_path,
+                                                                          index_type):
+    """evaluate_and_finalize takes the class prototypes from the index's stored vectors instead of embedding the
+    training split a second time: bit for bit the same prototypes, for an exact and for an IVF gallery."""
+    from training.steps import build_gallery, evaluate_and_finalize, load_model
+    from training.train import embed
+
+    artifacts = tmp_path / "artifacts"
+    shutil.copytree(tiny_artifacts, artifacts)
+    build_gallery(prepared_sample, artifacts, index_type, log=lambda _: None)
+    metadata = evaluate_and_finalize(prepared_sample, artifacts, plots=False, log=lambda _: None)
+    assert metadata["index"]["type"] == index_type
+    fresh = embed(load_model(artifacts / "model.pt"), prepared_sample.inputs("train"))
+    names, expected = class_prototypes(fresh, [prepared_sample.classes[y] for y in prepared_sample.train_y])
+    recorded = metadata["open_set"]["prototypes"]
+    assert recorded["labels"] == names
+    np.testing.assert_array_equal(np.asarray(recorded["vectors"], dtype=np.float32), expected)
