@@ -24,7 +24,7 @@ from PIL import Image, ImageFilter
 
 from handler import preprocessing
 from handler.artifacts import INDEX_FILE, METADATA_FILE, MODEL_FILE
-from training.index import gallery_vectors as stored_vectors
+from handler.search import gallery_vectors as stored_vectors
 from serving.samples import user_digit_png
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")

@@ -20,6 +20,14 @@ DEFAULT_K = 5
 OPEN_SET_SCORES = ("top1_distance", "kth_distance", "prototype_distance")
 
 
+def gallery_vectors(index: faiss.Index) -> np.ndarray:
+    """Every stored vector of a flat, HNSW-flat or IVF-flat index, in id order (float32 (N, D)): exact copies of the
+    embeddings that were added."""
+    if isinstance(index, faiss.IndexIVF):
+        index.make_direct_map()
+    return index.reconstruct_n(0, index.ntotal)
+
+
 def class_prototypes(embeddings: np.ndarray, labels: Sequence[str]) -> tuple[list[str], np.ndarray]:
     """(class names, L2-normalised mean embedding per class, float32 (C, D)) of a gallery."""
     labels = np.asarray([str(label) for label in labels], dtype=object)

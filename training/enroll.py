@@ -47,7 +47,7 @@ from handler.artifacts import (
     sha256_file,
     verify_artifacts,
 )
-from handler.search import GallerySearcher, class_prototypes
+from handler.search import GallerySearcher, class_prototypes, gallery_vectors
 
 from .build import staged_directory
 from .data import DataError, load_dataset
@@ -58,7 +58,7 @@ from .evaluate import (
     drift_baseline,
     open_set_rejection,
 )
-from .index import build_index, default_search_params, gallery_vectors, recall_at_1
+from .index import build_index, default_search_params, recall_at_1
 from .train import embed
 
 DEFAULT_HOLDOUT = 0.2

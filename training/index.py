@@ -54,14 +54,6 @@ def build_index(embeddings: np.ndarray, kind: str = "flat", seed: int = 0) -> fa
     return index
 
 
-def gallery_vectors(index: faiss.Index) -> np.ndarray:
-    """Every stored vector of a flat, HNSW-flat or IVF-flat index, in id order (float32 (N, D)): exact copies of the
-    embeddings that were added."""
-    if isinstance(index, faiss.IndexIVF):
-        index.make_direct_map()
-    return index.reconstruct_n(0, index.ntotal)
-
-
 def recall_at_1(index: faiss.Index, gallery: np.ndarray, queries: np.ndarray) -> float:
     """Share of queries whose top hit equals exact search's top hit."""
     exact = faiss.IndexFlatL2(gallery.shape[1])

@@ -30,7 +30,7 @@ from handler.artifacts import (
     SOURCES_FILE,
     sha256_file,
 )
-from handler.search import DEFAULT_K, GallerySearcher, class_prototypes
+from handler.search import DEFAULT_K, GallerySearcher, class_prototypes, gallery_vectors
 
 from .data import Dataset, load_dataset
 from .evaluate import (
@@ -45,7 +45,7 @@ from .evaluate import (
     write_plots,
 )
 from .export import ONNX_OPSET, export_onnx, export_torchscript, save_checked
-from .index import build_index, default_search_params, gallery_vectors, recall_at_1, resolve_index_type
+from .index import build_index, default_search_params, recall_at_1, resolve_index_type
 from .quantize import CALIBRATION_IMAGES, QUANTIZATION, quantize_int8
 from .train import TrainConfig, embed, resolve_negatives, train_model
 
