@@ -92,7 +92,7 @@ def markdown(result: dict[str, Any]) -> str:
              "and the median per-round ratio B / A.", "",
              "| figure | A | B | B / A |", "|---|---|---|---|"]
     for row in result["rows"]:
-        digits = 4 if row["figure"].startswith("accuracy") else 2 if row["figure"].endswith("ms") or " ms " in row["figure"] else 0
+        digits = 4 if row["figure"].startswith("accuracy") else 2 if " ms" in row["figure"] else 0
 
         def cell(value: float, values: list[float]) -> str:
             return f"{value:.{digits}f} [{', '.join(f'{v:.{digits}f}' for v in values)}]"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from handler.artifacts import quantization
+
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -25,14 +27,14 @@ def render_report(metadata: dict, metrics: dict, history: Sequence[dict]) -> str
         ("gallery index", f"{index['type']} ({index['size']} vectors)"),
         ("training time", f"{training['train_seconds']:.1f} s"),
         ("model", "int8 convolutions (--quantize int8), CPU serving only"
-         if (training.get("quantization") or {}).get("scheme") == "int8" else "float32"),
+         if quantization(metadata) == "int8" else "float32"),
     ])
     lines += ["## Per class", ""]
     lines += _table(("class", "precision", "recall", "support"), [
         (name, f"{c['precision']:.3f}", f"{c['recall']:.3f}", c["support"]) for name, c in metrics["per_class"].items()
     ])
     lines += ["## Training", ""]
-    if (training.get("quantization") or {}).get("scheme") == "int8":
+    if quantization(metadata) == "int8":
         lines += ["Per-epoch accuracies are the float network's, before quantization; the table above is the int8 "
                   "model's.", ""]
     lines += _table(("epoch", "loss", "held-out k-NN accuracy"), [

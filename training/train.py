@@ -193,8 +193,8 @@ def train_model(
     printed_per_batch = round(config.batch_size * config.printed_share) if len(printed_x) else 0
     history = History()
     # The per-epoch curve embeds a fixed sample of the training images as its gallery (all of them in the last
-    # epoch): embedding 60,000 images every epoch cost about a third of a Fashion-MNIST epoch on two cores. Its own RNG, so the
-    # training draws stay the same.
+    # epoch): embedding 60,000 images every epoch cost about a third of a Fashion-MNIST epoch on two cores. Its own
+    # RNG, so the training draws stay the same.
     probe_gallery = (np.sort(np.random.default_rng(config.seed).choice(len(train_x), CURVE_GALLERY, replace=False))
                      if len(train_x) > CURVE_GALLERY else slice(None))
     started = time.perf_counter()
