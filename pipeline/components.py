@@ -31,9 +31,9 @@ def load_data(source: str, dataset: Output[Dataset], preprocessing: str = "auto"
 
 @component
 def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, seed: int, k: int,
-          model: Output[Model], quantize: str = "none") -> None:
-    """Train the embedding network; the output directory holds model.pt (int8 with quantize=int8) and
-    train.json."""
+          model: Output[Model], quantize: str = "none", precision: str = "fp32") -> None:
+    """Train the embedding network (precision bf16: the forward pass autocast); the output directory holds
+    model.pt (float32, or int8 with quantize=int8) and train.json."""
     from pathlib import Path
 
     from training.steps import PreparedData, train_and_export
@@ -41,12 +41,13 @@ def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, 
 
     out = Path(model.path)
     out.mkdir(parents=True, exist_ok=True)
-    config = TrainConfig(epochs=epochs, embedding_dim=embedding_dim, width=width, seed=seed, quantize=quantize)
+    config = TrainConfig(epochs=epochs, embedding_dim=embedding_dim, width=width, seed=seed, quantize=quantize,
+                         precision=precision)
     info = train_and_export(PreparedData.load(Path(dataset.path)), config, out, k)
     # The last epoch's k-NN accuracy is the float network's; the evaluate task measures the exported (int8) one.
     accuracy_key = "knn_accuracy" if quantize == "none" else "float_knn_accuracy"
-    model.metadata.update({"framework": "torchscript", "quantize": quantize, "train_seconds": info["train_seconds"],
-                           accuracy_key: info["history"][-1]["knn_accuracy"]})
+    model.metadata.update({"framework": "torchscript", "quantize": quantize, "precision": precision,
+                           "train_seconds": info["train_seconds"], accuracy_key: info["history"][-1]["knn_accuracy"]})
 
 
 @component

@@ -34,6 +34,7 @@ def mnist_embedding_pipeline(
     width: int = D["width"],
     seed: int = D["seed"],
     quantize: str = D["quantize"],
+    precision: str = D["precision"],
     k: int = D["k"],
     index_type: str = D["index_type"],
     model_name: str = D["model_name"],
@@ -57,7 +58,7 @@ def mnist_embedding_pipeline(
 ):
     data = load_data(source=data_source, preprocessing=preprocessing)
     trained = train(dataset=data.outputs["dataset"], epochs=epochs, embedding_dim=embedding_dim, width=width,
-                    seed=seed, k=k, quantize=quantize)
+                    seed=seed, k=k, quantize=quantize, precision=precision)
     indexed = build_index(dataset=data.outputs["dataset"], model=trained.outputs["model"], index_type=index_type,
                           seed=seed)
     evaluated = evaluate(dataset=data.outputs["dataset"], artifacts=indexed.outputs["artifacts"], k=k)

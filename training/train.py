@@ -54,6 +54,9 @@ class TrainConfig:
     printed_share: float = 0.125
     #: Post-training quantization of the exported model.pt (training.quantize.QUANTIZATION): none or int8.
     quantize: str = "none"
+    #: Arithmetic of the training forward pass (PRECISION): bf16 autocasts it (the weights, the loss and the
+    #: exported model stay float32).
+    precision: str = "fp32"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,6 +70,20 @@ PROFILE_DEFAULTS = {
     "digits": {"max_rotation": 10.0, "hflip": False, "erase": 0.0, "pool": "avg"},
     "full-frame": {"max_rotation": 0.0, "hflip": True, "erase": 0.5, "pool": "flatten"},
 }
+
+
+#: fp32, or bf16 autocast of the network's forward pass during training: about 1.7x faster training steps on
+#: CPUs with native bf16 (AVX512-BF16, AMX); float32 master weights, loss and optimiser, so what is exported and
+#: served is an ordinary float32 model.
+PRECISION = ("fp32", "bf16")
+
+
+def check_precision(precision: str, log: Callable[[str], None] = print) -> None:
+    """Refuse an unknown precision; say when bf16 has no native support here (it then runs slower than fp32)."""
+    if precision not in PRECISION:
+        raise ValueError(f"precision must be one of {', '.join(PRECISION)}, got {precision!r}")
+    if precision == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        log("note: this CPU has no native bf16 arithmetic; --precision bf16 will train slower than fp32")
 
 
 def resolve_profile_defaults(config: TrainConfig, profile: str = DIGITS.name) -> TrainConfig:
@@ -175,6 +192,7 @@ def train_model(
     """Train on normalised inputs (N, 1, 28, 28) of ``profile``; returns the eval-mode model and per-epoch
     history."""
     config = resolve_profile_defaults(config, profile.name)
+    check_precision(config.precision, log)
     seed_everything(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     model = EmbeddingNet(config.embedding_dim, config.width, config.pool)
@@ -214,8 +232,9 @@ def train_model(
             labelled = len(y)
             if per_batch:
                 x = torch.cat([x, negatives[torch.randint(len(negatives), (per_batch,), generator=generator)]])
-            out = model(augment(x, generator, config.max_shift, config.max_rotation, config.hflip, profile,
-                                config.erase))
+            x = augment(x, generator, config.max_shift, config.max_rotation, config.hflip, profile, config.erase)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+                out = model(x).float()
             loss = head(out[:labelled], y)
             if per_batch:
                 loss = loss + config.oe_weight * head.outlier_loss(out[labelled:], config.oe_loss, config.oe_margin)

@@ -141,7 +141,7 @@ def test_compiled_kserve_deploy_takes_credentials_only_from_the_secret(compiled)
 
 def test_compiled_train_task_takes_the_training_parameters(compiled):
     inputs = compiled["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
-    for name in ("epochs", "embedding_dim", "width", "seed", "k", "quantize"):
+    for name in ("epochs", "embedding_dim", "width", "seed", "k", "quantize", "precision"):
         assert inputs[name] == {"componentInputParameter": name}, name
 
 

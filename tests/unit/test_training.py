@@ -275,9 +275,9 @@ def test_evaluate_confusion_matrix_matches_accuracy(tiny_artifacts, tiny_embeddi
     assert len(result["top1_distances"]) == 1000
 
 
-def small_run(prepared_sample, seed: int) -> tuple[EmbeddingNet, np.ndarray]:
+def small_run(prepared_sample, seed: int, precision: str = "fp32") -> tuple[EmbeddingNet, np.ndarray]:
     """One epoch on 512 train / 256 test canvases; returns the model and its test embeddings."""
-    config = TrainConfig(epochs=1, embedding_dim=16, width=8, seed=seed)
+    config = TrainConfig(epochs=1, embedding_dim=16, width=8, seed=seed, precision=precision)
     test_x = prepared_sample.inputs("test")[:256]
     model, history = train_model(prepared_sample.inputs("train")[:512], prepared_sample.train_y[:512], test_x,
                                  prepared_sample.test_y[:256], len(prepared_sample.classes), config, 5, quiet)
@@ -295,6 +295,51 @@ def test_training_is_deterministic_for_a_seed(prepared_sample):
     assert not all(torch.equal(a, b) for a, b in zip(first_model.state_dict().values(),
                                                      other_model.state_dict().values()))
     assert not np.array_equal(first, other)
+
+
+def test_bf16_training_changes_the_arithmetic_not_the_exported_float32_model(prepared_sample):
+    fp32_model, fp32 = small_run(prepared_sample, seed=3)
+    bf16_model, bf16 = small_run(prepared_sample, seed=3, precision="bf16")
+    again_model, again = small_run(prepared_sample, seed=3, precision="bf16")
+    assert np.array_equal(bf16, again)  # still deterministic for a seed
+    assert bf16.dtype == np.float32
+    assert all(p.dtype == torch.float32 for p in bf16_model.state_dict().values() if p.is_floating_point())
+    assert not np.array_equal(fp32, bf16)  # autocast really ran: bf16 rounding moved the weights
+    # ...but only by rounding: the same seed and data give nearly the same embedding.
+    assert float(np.mean(np.sum(fp32 * bf16, axis=1))) > 0.9
+
+
+def test_an_unknown_precision_is_refused_before_any_step(prepared_sample):
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'fp16'"):
+        small_run(prepared_sample, seed=3, precision="fp16")
+
+
+def test_bf16_without_native_support_says_it_will_be_slower(monkeypatch):
+    from training.train import check_precision
+
+    lines: list[str] = []
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    check_precision("bf16", lines.append)
+    check_precision("fp32", lines.append)
+    assert len(lines) == 1 and "no native bf16" in lines[0]
+
+
+def test_cli_passes_precision_to_the_build(monkeypatch, tmp_path):
+    from training import build
+    from training.__main__ import main, parse_args
+
+    assert parse_args([]).precision == "fp32"
+    with pytest.raises(SystemExit):
+        parse_args(["--precision", "fp16"])
+    seen = {}
+
+    def fake_build(data, out, config, *args, **kwargs):
+        seen["precision"] = config.precision
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(build, "build_artifacts", fake_build)
+    assert main(["--out", str(tmp_path / "a"), "--precision", "bf16"]) == 1
+    assert seen == {"precision": "bf16"}
 
 
 def leftovers(parent: Path) -> list[str]:
