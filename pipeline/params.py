@@ -70,7 +70,7 @@ PARAMS: tuple[Param, ...] = (
     Param("seed", int, _TRAIN.seed, "training and index seed"),
     Param("quantize", str, _TRAIN.quantize, "int8: quantize the convolutions after training (faster on CPU; "
           "served on the CPU only)", choices=QUANTIZATION),
-    Param("precision", str, _TRAIN.precision, "bf16: autocast the training forward pass (about 1.7x faster on CPUs "
+    Param("precision", str, _TRAIN.precision, "bf16: autocast the training forward pass (epochs about 1.4x faster on CPUs "
           "with native bf16; the model stays float32)", choices=PRECISION),
     Param("k", int, DEFAULT_K, "neighbours in the k-NN vote", check=_positive),
     Param("index_type", str, "auto", "FAISS gallery index (auto: exact below 30k images, IVF above)",

@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="int8: quantize the convolutions after training (faster on CPU, CPU only; the gallery and "
                         "threshold are built with the int8 model)")
     p.add_argument("--precision", choices=PRECISION, default=defaults.precision,
-                   help="bf16: autocast the training forward pass (about 1.7x faster on CPUs with native bf16; "
+                   help="bf16: autocast the training forward pass (epochs about 1.4x faster on CPUs with native bf16; "
                         "the exported model is float32 either way)")
     p.add_argument("--threads", type=_positive_int, default=env_threads(),
                    help=f"torch intra-op threads (default: $OMP_NUM_THREADS or {DEFAULT_THREADS})")
