@@ -1,8 +1,10 @@
-"""Few-shot enrollment benchmark: `python -m bench.fewshot [--out bench/results] [--seeds 0,1,2] [--work DIR]`.
+"""Few-shot enrollment benchmark: `python -m bench.fewshot [--out bench/results] [--seeds 0,1,2] [--work DIR]
+[--data SOURCE]`.
 
-Trains the default model (default config, 4,000 synthetic negatives as for the ten digits) on the bundled
-MNIST sample's digits 0-7 only, then enrolls 8 and 9 from --shots training images each with
-`python -m training enroll` (training.enroll.enroll_artifacts), and reports, on the sample's held-out split:
+Trains the default model (default config, 4,000 synthetic negatives as for the ten digits) on the digits 0-7
+only of --data (the bundled MNIST sample by default; any `python -m training --data` source of the ten digits,
+such as `download:mnist` or `idx:DIR` for the full MNIST), then enrolls 8 and 9 from --shots training images each
+with `python -m training enroll` (training.enroll.enroll_artifacts), and reports, on that data's held-out split:
 accuracy on 8 and 9 after enrollment, accuracy on 0-7 before and after, and the share of held-out 8s and 9s
 answered `unknown` at the open-set operating point before (and after) enrollment. Writes fewshot.json and
 fewshot.md into --out. Base models are cached under --work (training takes minutes, enrollment seconds).
@@ -11,6 +13,8 @@ fewshot.md into --out. Base models are cached under --work (training takes minut
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import os
 import platform
@@ -22,6 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+
+from settings import DEFAULT_DATA_SOURCE
 
 if TYPE_CHECKING:
     from training.data import Dataset
@@ -37,11 +43,22 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(terse=True), "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def sample_without(classes: tuple[str, ...]) -> "Dataset":
-    """The bundled sample restricted to `classes` (labels re-indexed in that order)."""
-    from training.data import Dataset, load_dataset
+@functools.lru_cache(maxsize=2)
+def digits(source: str) -> "Dataset":
+    """The ten-digit dataset `source` names (loaded once per process); refuses one without the classes 0-9."""
+    from training.data import DataError, load_dataset
 
-    ds = load_dataset("mnist-sample")
+    ds = load_dataset(source)
+    if sorted(ds.classes) != sorted(BASE_CLASSES + NEW_CLASSES):
+        raise DataError(f"{source}: few-shot needs the ten digit classes 0-9, found {', '.join(ds.classes)}")
+    return ds
+
+
+def without(source: str, classes: tuple[str, ...]) -> "Dataset":
+    """The dataset `source` restricted to `classes` (labels re-indexed in that order)."""
+    from training.data import Dataset
+
+    ds = digits(source)
     keep_names = list(classes)
     remap = {ds.classes.index(c): i for i, c in enumerate(keep_names)}
 
@@ -53,12 +70,12 @@ def sample_without(classes: tuple[str, ...]) -> "Dataset":
 
     tr_x, tr_y, tr_s = pick(ds.train_images, ds.train_labels, ds.train_sources)
     te_x, te_y, _ = pick(ds.test_images, ds.test_labels)
-    return Dataset("mnist-sample", tr_x, tr_y, te_x, te_y, tuple(keep_names), tr_s, ds.source_kind)
+    return Dataset(ds.name, tr_x, tr_y, te_x, te_y, tuple(keep_names), tr_s, ds.source_kind)
 
 
 def train_base(out: Path, seed: int, epochs: int, log: Callable[[str], None] = print,
-               negatives: int | None = None) -> dict:
-    """Train on digits 0-7 of the sample with the default config into `out` (atomically); return metadata."""
+               negatives: int | None = None, source: str = DEFAULT_DATA_SOURCE) -> dict:
+    """Train on digits 0-7 of `source` with the default config into `out` (atomically); return metadata."""
     import torch
 
     from training.build import staged_directory
@@ -66,7 +83,7 @@ def train_base(out: Path, seed: int, epochs: int, log: Callable[[str], None] = p
     from training.train import DIGIT_NEGATIVES, TrainConfig
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    data = prepare_data("mnist-sample", dataset=sample_without(BASE_CLASSES))
+    data = prepare_data(source, dataset=without(source, BASE_CLASSES))
     # resolve_negatives turns outlier exposure off for classes other than "0".."9"; these are still digits, so
     # keep the default digit model's 4,000 synthetic non-digits.
     config = replace(TrainConfig(seed=seed, epochs=epochs), negatives=DIGIT_NEGATIVES if negatives is None else negatives)
@@ -95,8 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draws", type=int, default=5, help="independent draws of --shots images per new class")
     p.add_argument("--negatives", type=int, default=None, help="synthetic negatives (default 4,000, as for digits)")
     p.add_argument("--train-only", action="store_true", help="only train (or keep) the base models")
+    p.add_argument("--data", default=DEFAULT_DATA_SOURCE,
+                   help=f"ten-digit training data, as for python -m training (default {DEFAULT_DATA_SOURCE})")
     args = p.parse_args(argv)
-    suffix = "" if args.negatives is None else f"-neg{args.negatives}"
+    from training.data import DataError
+
+    try:
+        digits(args.data)
+    except DataError as exc:
+        print(f"bench.fewshot: error: {exc}", file=sys.stderr)
+        return 1
+    suffix = ("" if args.negatives is None else f"-neg{args.negatives}") + (
+        "" if args.data == DEFAULT_DATA_SOURCE else "-" + hashlib.sha256(args.data.encode()).hexdigest()[:10])
     load_start = machine()
     runs = []
     for seed in args.seeds:
@@ -104,14 +131,15 @@ def main(argv: list[str] | None = None) -> int:
         base = work / "base"
         if not (base / "metadata.json").is_file():
             started = time.perf_counter()
-            train_base(base, seed, args.epochs, log=lambda line: print(line, flush=True), negatives=args.negatives)
+            train_base(base, seed, args.epochs, log=lambda line: print(line, flush=True), negatives=args.negatives,
+                       source=args.data)
             print(f"base model trained in {time.perf_counter() - started:.0f}s", flush=True)
         if not args.train_only:
-            runs.append(run(base, work, seed, args.shots, machine(), args.draws))
+            runs.append(run(base, work, seed, args.shots, machine(), args.draws, args.data))
     if args.train_only:
         return 0
     result = {"command": "python -m bench.fewshot " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "seeds": runs, "spread": spread(runs), "machine": {"start": load_start, "end": machine()}}
+              "data": args.data, "seeds": runs, "spread": spread(runs), "machine": {"start": load_start, "end": machine()}}
     text = "\n".join([report_head(result), *(report(r) for r in runs)])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fewshot.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -148,44 +176,43 @@ def report_head(result: dict[str, Any]) -> str:
         "# Few-shot enrollment", "",
         f"`{result['command']}`; seeds {seeds}; mean (min-max over seeds) of each seed's mean over its draws.", "",
         "| figure | value | target |", "|---|---|---|",
-        f"| accuracy on held-out 8 and 9 after enrolling 10 of each | {pct(s['new_accuracy'])} | >= 90%: "
+        f"| accuracy on held-out 8 and 9 after enrolling {result['seeds'][0]['shots']} of each | {pct(s['new_accuracy'])} | >= 90%: "
         f"{'met' if new_met else '**MISSED**'} |",
         f"| accuracy on held-out 0-7 before | {pct(s['old_accuracy_before'], 2)} | |",
         f"| largest drop on 0-7 after, any draw | {s['old_accuracy_drop_max']['max'] * 100:.2f} pt | <= 0.5 pt: "
         f"{'met' if old_met else '**MISSED**'} |",
         f"| held-out 8s and 9s flagged unknown BEFORE enrollment | {pct(s['new_flagged_before'])} | (report) |",
         f"| held-out 8s and 9s flagged unknown after | {pct(s['new_unknown_after'])} | |",
-        f"| ceiling: accuracy on 8 and 9 with all 400 training images of each enrolled | "
+        f"| ceiling: accuracy on 8 and 9 with every training image of each enrolled "
+        f"({', '.join(sorted({str(r['after'][-1]['shots']) for r in result['seeds']}))} per class) | "
         f"{pct(s['ceiling_new_accuracy'])} | |", "",
         f"Load average (1 min) {m['start']['load_average_1m']} at start, {m['end']['load_average_1m']} at end, "
         f"{m['start']['cpus']} CPUs shared with other jobs; ended {m['end']['time']}.", "", ""])
 
 
-def write_new_images(root: Path, seed: int, shots: int) -> dict[str, list[int]]:
+def write_new_images(root: Path, seed: int, shots: int, source: str = DEFAULT_DATA_SOURCE) -> dict[str, list[int]]:
     """`shots` training images of each new class, drawn with `seed`, as PNGs root/<label>/sample<i>.png."""
     from PIL import Image
 
-    from training.data import load_dataset
-
-    ds = load_dataset("mnist-sample")
+    ds = digits(source)
+    ids = ds.train_sources if ds.train_sources is not None else np.arange(len(ds.train_labels))
     rng = np.random.default_rng(seed)
     chosen = {}
     for label in NEW_CLASSES:
         positions = rng.choice(np.flatnonzero(ds.train_labels == ds.classes.index(label)), shots, replace=False)
         (root / label).mkdir(parents=True, exist_ok=True)
         for i in positions:
-            Image.fromarray(ds.train_images[i]).save(root / label / f"sample{int(ds.train_sources[i])}.png")
-        chosen[label] = sorted(int(ds.train_sources[i]) for i in positions)
+            Image.fromarray(ds.train_images[i]).save(root / label / f"sample{int(i)}.png")
+        chosen[label] = sorted(ids[i].item() for i in positions)
     return chosen
 
 
-def served(artifacts: Path) -> dict[str, Any]:
-    """Answers of `artifacts` (EmbeddingService, as served) to the sample's 1,000 held-out digits, per group."""
+def served(artifacts: Path, source: str = DEFAULT_DATA_SOURCE) -> dict[str, Any]:
+    """Answers of `artifacts` (EmbeddingService, as served) to the held-out digits of `source`, per group."""
     from handler.preprocessing import canvases_from_arrays, normalize
     from handler.service import EmbeddingService
-    from training.data import load_dataset
 
-    ds = load_dataset("mnist-sample")
+    ds = digits(source)
     service = EmbeddingService.from_dir(artifacts)
     answers = service.searcher.classify(service.embed(normalize(canvases_from_arrays(ds.test_images))))
     truth = np.array([ds.classes[y] for y in ds.test_labels])
@@ -203,7 +230,7 @@ def served(artifacts: Path) -> dict[str, Any]:
 
 
 def enroll_and_measure(base: Path, work: Path, name: str, draw: int, shots: int, holdout: float,
-                       before: dict[str, Any]) -> dict[str, Any]:
+                       before: dict[str, Any], source: str = DEFAULT_DATA_SOURCE) -> dict[str, Any]:
     """Enroll `shots` images of 8 and 9 (drawn with `draw`) into a copy of `base`; the served figures after."""
     import shutil
 
@@ -211,11 +238,12 @@ def enroll_and_measure(base: Path, work: Path, name: str, draw: int, shots: int,
 
     new_root = work / f"new-{name}"
     shutil.rmtree(new_root, ignore_errors=True)
-    chosen = write_new_images(new_root, draw, shots)
+    chosen = write_new_images(new_root, draw, shots, source)
     out = work / f"enrolled-{name}"
     started = time.perf_counter()
-    meta = enroll_artifacts(base, f"folder:{new_root}", out, new_only=True, holdout=holdout, log=lambda _: None)
-    after = served(out)
+    meta = enroll_artifacts(base, f"folder:{new_root}", out, new_only=True, holdout=holdout, calibration_data=source,
+                            log=lambda _: None)
+    after = served(out, source)
     after.update(name=name, draw=draw, shots=shots, holdout=holdout, enroll_seconds=round(time.perf_counter() - started, 2),
                  enrolled=meta["enrollment"][-1]["added"], calibration_n=meta["open_set"]["calibration"]["n"],
                  new_images=chosen)
@@ -224,18 +252,18 @@ def enroll_and_measure(base: Path, work: Path, name: str, draw: int, shots: int,
     return after
 
 
-def run(base: Path, work: Path, seed: int, shots: int, load_start: dict[str, Any], draws: int = 5) -> dict[str, Any]:
+def run(base: Path, work: Path, seed: int, shots: int, load_start: dict[str, Any], draws: int = 5,
+        source: str = DEFAULT_DATA_SOURCE) -> dict[str, Any]:
     """Before, then after enrolling: `draws` independent draws of `shots` images per class (all in the gallery),
     the first draw again with 20% held out for calibration, and, for reference, every training 8 and 9."""
-    from training.data import load_dataset
-
     base_meta = json.loads((base / "metadata.json").read_text())
-    before = served(base)
-    runs = [enroll_and_measure(base, work, f"shots{shots}-draw{d}", d, shots, 0.0, before) for d in range(draws)]
-    runs.append(enroll_and_measure(base, work, f"shots{shots}-draw0-holdout", 0, shots, 0.2, before))
-    ds = load_dataset("mnist-sample")
+    before = served(base, source)
+    runs = [enroll_and_measure(base, work, f"shots{shots}-draw{d}", d, shots, 0.0, before, source)
+            for d in range(draws)]
+    runs.append(enroll_and_measure(base, work, f"shots{shots}-draw0-holdout", 0, shots, 0.2, before, source))
+    ds = digits(source)
     all_new = int(min(np.sum(ds.train_labels == ds.classes.index(c)) for c in NEW_CLASSES))
-    runs.append(enroll_and_measure(base, work, f"all{all_new}", 0, all_new, 0.0, before))
+    runs.append(enroll_and_measure(base, work, f"all{all_new}", 0, all_new, 0.0, before, source))
     main_runs = runs[:draws]
     summary = {key: {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))}
                for key, vals in (("new_accuracy", [r["new"]["accuracy"] for r in main_runs]),
@@ -245,7 +273,8 @@ def run(base: Path, work: Path, seed: int, shots: int, load_start: dict[str, Any
                       "old_within": before["old"]["accuracy"] - summary["old_accuracy"]["min"] <= TARGET_OLD_DROP + 1e-12,
                       "new_flagged_before": before["new"]["unknown"]}
     return {
-        "seed": seed, "shots": shots, "draws": draws, "base": str(base),
+        "seed": seed, "shots": shots, "draws": draws, "base": str(base), "data": source,
+        "held_out": {"old": before["old"]["n"], "new": before["new"]["n"]},
         "base_training": {"classes": list(BASE_CLASSES), "train": base_meta["dataset"]["train"],
                           "test": base_meta["dataset"]["test"], "config": base_meta["training"]["config"],
                           "train_seconds": base_meta["training"]["train_seconds"],
@@ -262,11 +291,13 @@ def report(result: dict) -> str:
     lines = [
         f"## Seed {result['seed']}", "",
         f"Base model: default config ({cfg['epochs']} epochs, {cfg['negatives']} synthetic negatives, seed "
-        f"{result['seed']}) trained on the bundled MNIST sample's digits 0-7 only ({result['base_training']['train']} "
+        f"{result['seed']}) trained on the digits 0-7 only of `{result.get('data', DEFAULT_DATA_SOURCE)}` "
+        f"({result['base_training']['train']} "
         f"images, {result['base_training']['train_seconds']:.0f} s); open-set score "
         f"{result['base_training']['open_set_score']}. Then 8 and 9 enrolled with `python -m training enroll --new-only` "
-        f"from {result['shots']} training images each, {result['draws']} independent draws. Held-out: the sample's "
-        "1,000 test digits (800 of 0-7, 200 of 8 and 9), answered by handler.service.EmbeddingService as served. "
+        f"from {result['shots']} training images each, {result['draws']} independent draws. Held-out: the data's "
+        f"{before['old']['n'] + before['new']['n']:,} test digits ({before['old']['n']:,} of 0-7, "
+        f"{before['new']['n']:,} of 8 and 9), answered by handler.service.EmbeddingService as served. "
         "Accuracy is the k-NN answer; `unknown` is the open-set flag at the recorded threshold.", "",
         f"**Before** enrollment: accuracy on 0-7 {before['old']['accuracy']:.2%} ({before['old']['unknown']:.2%} of them "
         f"flagged unknown); held-out 8s and 9s flagged `unknown` at the operating point: "
@@ -289,7 +320,7 @@ def report(result: dict) -> str:
             f"| {r['old']['accuracy']:.2%} | {r['new']['unknown']:.1%} | {r['old']['unknown']:.2%} "
             f"| {r['threshold']:.4f} | {r['enroll_seconds']:.1f} s |")
     m = result["machine"]
-    lines += ["", "The last row enrolls every training 8 and 9 of the sample: the ceiling of this embedding for classes it "
+    lines += ["", "The last row enrolls every training 8 and 9 of the data: the ceiling of this embedding for classes it "
               "was not trained on, whatever the number of shots.", "",
               f"Machine: {m['start']['cpus']} CPUs shared with other jobs, load average (1 min) "
               f"{m['start']['load_average_1m']} at start, {m['end']['load_average_1m']} at end ({m['end']['time']}).", ""]
