@@ -94,7 +94,7 @@ class WrkScript:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _exit_cpu_seconds(proc: subprocess.Popen) -> float:
+def exit_cpu_seconds(proc: subprocess.Popen) -> float:
     """CPU seconds of a finished child, read with psutil before it is reaped (it is a zombie then)."""
     os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
     try:
@@ -116,7 +116,7 @@ def run_wrk(base_url: str, script: WrkScript, concurrency: int, duration_s: int,
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out_fh, stderr=err_fh, stdin=subprocess.DEVNULL)
         try:
-            cpu = _exit_cpu_seconds(proc)
+            cpu = exit_cpu_seconds(proc)
         except BaseException:
             proc.kill()
             proc.wait()

@@ -1,0 +1,189 @@
+"""`python -m bench.profile_worker`: where a TorchServe worker's time goes under load, and every process's CPU.
+
+The benchmark says how far the server is from the in-process ceiling; this says where the difference goes.
+It starts the shipped configuration (its own .mar and TorchServe, as `python -m bench.latency` does), warms it
+at c=16 until two 3 s windows agree within 5% (at least 15 s), then samples every Python worker with
+py-spy (`record --format raw --nonblocking`: the worker is never paused) during one wrk run. Each sample is
+put in the first stage of STAGES whose frames it holds. Over the same run psutil gives the CPU of the Java
+frontend and of the workers, and wrk its own: the two cores' budget. Writes worker-profile.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Iterable
+
+from settings import DEFAULT_ARTIFACTS, cache_root
+
+from . import env
+from .data import serving_data
+from .latency import Server, uptime
+from .loadgen import exit_cpu_seconds
+from .torchserve import TorchServeRun, shipped_config
+
+#: (stage, frames that must all be on the stack). First match wins, so the handler's own metrics and log line are
+#: told apart from the rest of its postprocess, and TorchServe's frames only take what no handler stage claimed.
+#: tests/unit/test_bench_profile.py checks that these functions still exist under these names.
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("handler: Prometheus metrics per batch", ("record_metrics (",)),
+    ("handler: per-batch log line", ("EmbeddingHandler.postprocess (", "Logger.")),
+    ("model forward pass", ("EmbeddingService.embed (",)),
+    ("image decoding and preprocessing", ("EmbeddingService.prepare (",)),
+    ("gallery search", ("GallerySearcher.",)),
+    ("answers to JSON", ("EmbeddingHandler.postprocess (",)),
+    ("TorchServe: reading requests from the frontend", ("retrieve_msg (",)),
+    ("TorchServe: its own metrics and logging", ("ts/metrics/",)),
+    ("TorchServe: the rest (sending answers, service wrapper)", ("ts/",)),
+    ("other", ()),
+)
+SAMPLE_HZ = 200
+
+
+class ProfileError(RuntimeError):
+    """The profile could not be taken (no py-spy, no permission to attach, no samples)."""
+
+
+def stage_of(frames: list[str]) -> str:
+    """The first stage in STAGES whose required frames are all on the stack."""
+    for stage, needles in STAGES:
+        if all(any(needle in frame for frame in frames) for needle in needles):
+            return stage
+    return "other"
+
+
+def tally(raw_lines: Iterable[str]) -> Counter:
+    """Samples per stage from py-spy's raw (folded) output: ``frame;frame;... count`` per line."""
+    counts: Counter = Counter()
+    for line in raw_lines:
+        stack, _, n = line.rstrip("\n").rpartition(" ")
+        if stack and n.isdigit():
+            counts[stage_of(stack.split(";"))] += int(n)
+    return counts
+
+
+def py_spy() -> str:
+    found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if found is None:
+        raise ProfileError("py-spy not found: .venv/bin/pip install -r requirements-bench.txt")
+    return found
+
+
+def profile(server: Server, concurrency: int, seconds: int, workdir: Path) -> dict[str, Any]:
+    """One wrk run at `concurrency` with py-spy on every worker; stage shares and the run's CPU per role."""
+    spy = py_spy()
+    workers = [p.pid for p in server.run.tree.processes() if "model_service_worker" in " ".join(p.cmdline())]
+    if not workers:
+        raise ProfileError("no TorchServe worker process found")
+    spies = {}
+    for pid in workers:
+        with open(workdir / f"py-spy-{pid}.err", "w") as err:
+            spies[pid] = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(seconds + 1),
+                                           "--rate", str(SAMPLE_HZ), "--format", "raw", "--nonblocking",
+                                           "--output", str(workdir / f"worker-{pid}.txt")],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    spy_cpu = 0.0
+    try:
+        trial = server.trial(concurrency, seconds)
+    finally:
+        for proc in spies.values():  # the profiler's own CPU, read before it is reaped: it shares the two cores
+            spy_cpu += exit_cpu_seconds(proc)
+    counts: Counter = Counter()
+    for pid, proc in spies.items():
+        out = workdir / f"worker-{pid}.txt"
+        if proc.returncode != 0 or not out.exists():
+            err = (workdir / f"py-spy-{pid}.err").read_text().strip().splitlines()
+            raise ProfileError(f"py-spy could not sample worker {pid} (exit {proc.returncode}): "
+                               f"{err[-1] if err else 'no output'}")
+        counts += tally(out.read_text().splitlines())
+    total = sum(counts.values())
+    if not total:
+        raise ProfileError("py-spy took no samples: the workers were idle")
+    return {"concurrency": concurrency, "seconds": seconds, "workers": len(workers), "samples": total,
+            "stages": {stage: {"samples": counts.get(stage, 0), "share": counts.get(stage, 0) / total}
+                       for stage, _ in STAGES},
+            "throughput": trial["throughput"], "p50_ms": trial["p50_ms"], "p99_ms": trial["p99_ms"],
+            "errors": trial["errors"], "cpu": trial["cpu"], "loadgen_cpu_pct": trial["loadgen_cpu_pct"],
+            "profiler_cpu_pct": 100.0 * spy_cpu / (seconds + 1),
+            "mean_batch": (trial.get("split") or {}).get("mean_batch")}
+
+
+def render(result: dict[str, Any]) -> str:
+    run = result["run"]
+    cpu = run["cpu"]
+    worker_cpu = cpu.get("worker", 0.0)
+    lines = [
+        "# Where a TorchServe worker's time goes", "",
+        f"`{result['command']}`; {result['data']['description']}; shipped configuration ({result['label']}); "
+        f"c={run['concurrency']}, {run['seconds']} s after a warm-up of {result['warmup']['seconds']} s; "
+        f"load average {result['load']['start']} at start, {result['load']['end']} at end.", "",
+        f"Served {run['throughput']:.0f} req/s, p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms, "
+        f"{run['errors']} errors, mean batch {run['mean_batch'] or float('nan'):.1f}.", "",
+        f"CPU over the run (100% = one core; {result['machine']['logical_cores']} cores):", "",
+        "| process | CPU |", "|---|---|",
+        *(f"| {role} | {pct:.0f}% |" for role, pct in sorted(cpu.items()) if role != "total"),
+        f"| wrk (load generator, same machine) | {run['loadgen_cpu_pct']:.0f}% |",
+        f"| py-spy (the profiler, same machine) | {run['profiler_cpu_pct']:.0f}% |",
+        f"| all of the above | {cpu['total'] + run['loadgen_cpu_pct'] + run['profiler_cpu_pct']:.0f}% |", "",
+        f"Inside the workers ({run['samples']} py-spy samples at {SAMPLE_HZ} Hz over {run['workers']} workers; "
+        "share of the samples in which a worker was running Python or native code, and that share of the "
+        "workers' measured CPU):", "",
+        "| stage | share of worker samples | of one core |", "|---|---|---|",
+        *(f"| {stage} | {s['share']:.1%} | {s['share'] * worker_cpu:.0f}% |"
+          for stage, s in run["stages"].items() if s["samples"]),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.profile_worker", description=__doc__.split("\n\n")[0])
+    p.add_argument("--artifacts", type=Path, default=DEFAULT_ARTIFACTS, help="artifacts to serve (read only)")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--seconds", type=int, default=12, help="length of the profiled run")
+    p.add_argument("--warmup-min", type=float, default=15.0, help="seconds of c=16 warm-up at least (the JVM's)")
+    p.add_argument("--request-images", type=int, default=256)
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = "python -m bench.profile_worker " + " ".join(argv if argv is not None else sys.argv[1:])
+    result: dict[str, Any] = {"schema_version": 1, "command": command.strip(),
+                              "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                              "machine": env.machine(), "versions": env.versions(), "load": {"start": uptime()}}
+    cfg = shipped_config()
+    try:
+        py_spy()
+        with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
+            data = serving_data(args.artifacts, cache_root() / "bench", True, args.request_images, 10, print)
+            result["data"] = data.summary()
+            with TorchServeRun(cfg, data.artifacts, Path(tmp)) as run:
+                server = Server(run, data.images)
+                try:
+                    result["warmup"] = server.warm(3, args.warmup_min, max(60.0, args.warmup_min), 0.05)
+                    result["run"] = profile(server, args.concurrency, args.seconds, Path(tmp))
+                finally:
+                    server.script.remove()
+    except (ProfileError, ValueError, OSError) as exc:
+        print(f"bench.profile_worker: error: {exc}", file=sys.stderr)
+        return 1
+    result["label"] = cfg.label
+    result["load"]["end"] = uptime()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "worker-profile.json").write_text(json.dumps(result, indent=2))
+    (args.out / "worker-profile.md").write_text(render(result))
+    print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""`python -m bench.profile_worker` against a real TorchServe: py-spy samples its workers and the samples land in
+the handler's stages (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from settings import REPO
+
+pytestmark = pytest.mark.serving
+
+
+def test_profile_of_a_real_server(tmp_path, tiny_artifacts):
+    assert shutil.which("wrk"), "wrk is not installed: ./scripts/system-deps.sh installs it"
+    out = tmp_path / "out"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "bench.profile_worker", "--artifacts", str(tiny_artifacts),
+                           "--seconds", "3", "--warmup-min", "0", "--request-images", "32", "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads((out / "worker-profile.json").read_text())
+    run = result["run"]
+    assert run["errors"] == 0 and run["throughput"] > 0 and run["workers"] == 2
+    stages = run["stages"]
+    assert sum(s["samples"] for s in stages.values()) == run["samples"] > 0
+    for busy in ("model forward pass", "image decoding and preprocessing", "gallery search"):
+        assert stages[busy]["samples"] > 0, busy
+    assert stages["other"]["share"] < 0.1  # the rules recognise what the workers run
+    assert {"frontend (java)", "worker", "total"} <= set(run["cpu"])
+    md = (out / "worker-profile.md").read_text()
+    assert "| model forward pass |" in md and "py-spy (the profiler" in md
