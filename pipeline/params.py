@@ -17,7 +17,7 @@ from settings import DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_
 from training.index import INDEX_TYPES
 from training.quantize import QUANTIZATION
 from training.steps import PROFILE_CHOICES
-from training.train import PRECISION, TrainConfig
+from training.train import PRECISION, PRECISION_HELP, TrainConfig
 
 from .kserve import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
 
@@ -70,8 +70,7 @@ PARAMS: tuple[Param, ...] = (
     Param("seed", int, _TRAIN.seed, "training and index seed"),
     Param("quantize", str, _TRAIN.quantize, "int8: quantize the convolutions after training (faster on CPU; "
           "served on the CPU only)", choices=QUANTIZATION),
-    Param("precision", str, _TRAIN.precision, "bf16: autocast the training forward pass (epochs about 1.4x faster on CPUs "
-          "with native bf16; the model stays float32)", choices=PRECISION),
+    Param("precision", str, _TRAIN.precision, PRECISION_HELP, choices=PRECISION),
     Param("k", int, DEFAULT_K, "neighbours in the k-NN vote", check=_positive),
     Param("index_type", str, "auto", "FAISS gallery index (auto: exact below 30k images, IVF above)",
           choices=("auto", *INDEX_TYPES)),

@@ -22,7 +22,7 @@ from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
 from .index import INDEX_TYPES
 from .quantize import QUANTIZATION
 from .steps import PROFILE_CHOICES
-from .train import PRECISION, TrainConfig
+from .train import PRECISION, PRECISION_HELP, TrainConfig
 
 DEFAULT_OUT = Path("artifacts")
 
@@ -84,9 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quantize", choices=QUANTIZATION, default=defaults.quantize,
                    help="int8: quantize the convolutions after training (faster on CPU, CPU only; the gallery and "
                         "threshold are built with the int8 model)")
-    p.add_argument("--precision", choices=PRECISION, default=defaults.precision,
-                   help="bf16: autocast the training forward pass (epochs about 1.4x faster on CPUs with native bf16; "
-                        "the exported model is float32 either way)")
+    p.add_argument("--precision", choices=PRECISION, default=defaults.precision, help=PRECISION_HELP)
     p.add_argument("--threads", type=_positive_int, default=env_threads(),
                    help=f"torch intra-op threads (default: $OMP_NUM_THREADS or {DEFAULT_THREADS})")
     p.add_argument("--cache-dir", type=Path, default=None, help=f"download cache (default {cache_root()})")

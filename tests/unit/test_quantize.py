@@ -20,6 +20,8 @@ from training.quantize import QuantizationError, quantize_int8
 from training.steps import train_and_export
 from training.train import TrainConfig, embed
 
+from support.training_cli import config_from_cli
+
 
 def trained_net(prepared_sample, pool: str = "avg") -> EmbeddingNet:
     """A briefly trained float network (48 steps: its neighbours are meaningful, unlike an untrained one's)."""
@@ -148,18 +150,7 @@ def test_enrollment_into_int8_artifacts_embeds_with_the_int8_model(tiny_int8_art
 
 
 def test_cli_passes_quantize_to_the_build(monkeypatch, tmp_path):
-    from training import build
-    from training.__main__ import main
-
-    seen = {}
-
-    def fake_build(data, out, config, *args, **kwargs):
-        seen["quantize"] = config.quantize
-        raise ValueError("stop here")
-
-    monkeypatch.setattr(build, "build_artifacts", fake_build)
-    assert main(["--out", str(tmp_path / "a"), "--quantize", "int8"]) == 1
-    assert seen == {"quantize": "int8"}
+    assert config_from_cli(monkeypatch, ["--out", str(tmp_path / "a"), "--quantize", "int8"]).quantize == "int8"
 
 
 def test_torch_ao_failures_become_one_line_quantization_errors(prepared_sample, monkeypatch):

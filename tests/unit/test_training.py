@@ -44,6 +44,8 @@ from training.model import EmbeddingNet
 from training.steps import load_model
 from training.train import TrainConfig, embed, train_model
 
+from support.training_cli import config_from_cli
+
 
 
 def quiet(_: str) -> None:
@@ -297,7 +299,7 @@ def test_training_is_deterministic_for_a_seed(prepared_sample):
     assert not np.array_equal(first, other)
 
 
-def test_bf16_training_changes_the_arithmetic_not_the_exported_float32_model(prepared_sample):
+def test_bf16_training_changes_the_arithmetic_and_keeps_float32_weights(prepared_sample):
     fp32_model, fp32 = small_run(prepared_sample, seed=3)
     bf16_model, bf16 = small_run(prepared_sample, seed=3, precision="bf16")
     again_model, again = small_run(prepared_sample, seed=3, precision="bf16")
@@ -318,28 +320,25 @@ def test_bf16_without_native_support_says_it_will_be_slower(monkeypatch):
     from training.train import check_precision
 
     lines: list[str] = []
-    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     check_precision("bf16", lines.append)
     check_precision("fp32", lines.append)
     assert len(lines) == 1 and "no native bf16" in lines[0]
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)  # AMX alone is native bf16
+    check_precision("bf16", lines.append)
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")  # a torch without the helper cannot tell
+    check_precision("bf16", lines.append)
+    assert len(lines) == 2 and "no native bf16" in lines[1]
 
 
 def test_cli_passes_precision_to_the_build(monkeypatch, tmp_path):
-    from training import build
-    from training.__main__ import main, parse_args
+    from training.__main__ import parse_args
 
     assert parse_args([]).precision == "fp32"
     with pytest.raises(SystemExit):
         parse_args(["--precision", "fp16"])
-    seen = {}
-
-    def fake_build(data, out, config, *args, **kwargs):
-        seen["precision"] = config.precision
-        raise ValueError("stop here")
-
-    monkeypatch.setattr(build, "build_artifacts", fake_build)
-    assert main(["--out", str(tmp_path / "a"), "--precision", "bf16"]) == 1
-    assert seen == {"precision": "bf16"}
+    assert config_from_cli(monkeypatch, ["--out", str(tmp_path / "a"), "--precision", "bf16"]).precision == "bf16"
 
 
 def leftovers(parent: Path) -> list[str]:
