@@ -21,16 +21,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Iterable
 
+import psutil
+
+from serving.server import ServerError
 from settings import DEFAULT_ARTIFACTS, cache_root
 
 from . import env
 from .data import serving_data
 from .latency import Server, uptime
 from .loadgen import exit_cpu_seconds
-from .torchserve import TorchServeRun, shipped_config
+from .torchserve import TorchServeRun, shipped_config, worker_role
 
 #: (stage, frames that must all be on the stack). First match wins, so the handler's own metrics and log line are
-#: told apart from the rest of its postprocess, and TorchServe's frames only take what no handler stage claimed.
+#: told apart from the rest of its postprocess, and TorchServe's frames only take what no handler stage claimed:
+#: every sample under the handler's entry points (embedding_handler.py) is the handler's. Frames read
+#: "function (file:line)"; the .mar unpacks embedding_handler.py at the model directory's root, beside handler/.
 #: tests/unit/test_bench_profile.py checks that these functions still exist under these names.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("handler: Prometheus metrics per batch", ("record_metrics (",)),
@@ -39,6 +44,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("image decoding and preprocessing", ("EmbeddingService.prepare (",)),
     ("gallery search", ("GallerySearcher.",)),
     ("answers to JSON", ("EmbeddingHandler.postprocess (",)),
+    ("handler: the rest (reading request bodies, stacking the batch)", ("(embedding_handler.py:",)),
     ("TorchServe: reading requests from the frontend", ("retrieve_msg (",)),
     ("TorchServe: its own metrics and logging", ("ts/metrics/",)),
     ("TorchServe: the rest (sending answers, service wrapper)", ("ts/",)),
@@ -79,7 +85,7 @@ def py_spy() -> str:
 def profile(server: Server, concurrency: int, seconds: int, workdir: Path) -> dict[str, Any]:
     """One wrk run at `concurrency` with py-spy on every worker; stage shares and the run's CPU per role."""
     spy = py_spy()
-    workers = [p.pid for p in server.run.tree.processes() if "model_service_worker" in " ".join(p.cmdline())]
+    workers = [p.pid for p in server.run.tree.processes() if worker_role(p) == "worker"]
     if not workers:
         raise ProfileError("no TorchServe worker process found")
     spies = {}
@@ -173,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                     result["run"] = profile(server, args.concurrency, args.seconds, Path(tmp))
                 finally:
                     server.script.remove()
-    except (ProfileError, ValueError, OSError) as exc:
+    except (ProfileError, ServerError, ValueError, OSError, RuntimeError, psutil.Error) as exc:
         print(f"bench.profile_worker: error: {exc}", file=sys.stderr)
         return 1
     result["label"] = cfg.label

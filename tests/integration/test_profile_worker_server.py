@@ -23,6 +23,8 @@ def test_profile_of_a_real_server(tmp_path, tiny_artifacts):
     done = subprocess.run([sys.executable, "-m", "bench.profile_worker", "--artifacts", str(tiny_artifacts),
                            "--seconds", "3", "--warmup-min", "0", "--request-images", "32", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0 and "py-spy could not sample" in done.stderr:
+        pytest.skip(f"py-spy may not attach here (ptrace restricted): {done.stderr.strip()[-300:]}")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads((out / "worker-profile.json").read_text())
     run = result["run"]
@@ -31,7 +33,9 @@ def test_profile_of_a_real_server(tmp_path, tiny_artifacts):
     assert sum(s["samples"] for s in stages.values()) == run["samples"] > 0
     for busy in ("model forward pass", "image decoding and preprocessing", "gallery search"):
         assert stages[busy]["samples"] > 0, busy
-    assert stages["other"]["share"] < 0.1  # the rules recognise what the workers run
+    # Under load the workers mostly run the handler: if the rules stopped recognising its code, its samples would
+    # fall through to TorchServe's catch-all.
+    assert sum(s["share"] for name, s in stages.items() if not name.startswith(("TorchServe", "other"))) > 0.4
     assert {"frontend (java)", "worker", "total"} <= set(run["cpu"])
     md = (out / "worker-profile.md").read_text()
     assert "| model forward pass |" in md and "py-spy (the profiler" in md

@@ -29,6 +29,9 @@ def test_each_sample_goes_to_the_first_stage_its_stack_matches():
         "(ts/protocol/otf_message_handler.py:200) 7",
         PREDICT + ";MetricCacheAbstract.add_time (ts/metrics/metric_cache_abstract.py:160) 2",
         ROOT + " 9",
+        PREDICT + ";EmbeddingHandler.preprocess (embedding_handler.py:110);read_row (handler/requests.py:40) 4",
+        PREDICT + ";EmbeddingHandler.inference (embedding_handler.py:115);EmbeddingService.predict (handler/service.py:200)"
+        ";stack (numpy/_core/shape_base.py:450) 2",
         "<module> (somewhere_else.py:1) 1",
         "a line without a count",
     ]
@@ -38,12 +41,22 @@ def test_each_sample_goes_to_the_first_stage_its_stack_matches():
         "handler: Prometheus metrics per batch": 6, "handler: per-batch log line": 3, "answers to JSON": 1,
         "gallery search": 5, "TorchServe: reading requests from the frontend": 7,
         "TorchServe: its own metrics and logging": 2, "TorchServe: the rest (sending answers, service wrapper)": 9,
-        "other": 1,
+        "handler: the rest (reading request bodies, stacking the batch)": 6, "other": 1,
     }
     assert set(counts) == {stage for stage, _ in STAGES}
 
 
+def test_no_sample_under_the_handler_is_counted_as_torchserve_s():
+    handler_stages = [stage for stage, _ in STAGES if not stage.startswith(("TorchServe", "other"))]
+    for frame in ("EmbeddingHandler.preprocess (embedding_handler.py:110)",
+                  "EmbeddingHandler.inference (embedding_handler.py:115)", POST):
+        stack = (PREDICT + ";" + frame + ";anything (somewhere.py:1);MetricCacheAbstract.add_time "
+                 "(ts/metrics/metric_cache_abstract.py:160)").split(";")
+        assert stage_of(stack) in handler_stages, frame
+
+
 def test_the_rules_name_functions_that_exist():
+    import handler.embedding_handler as entry
     from handler.embedding_handler import EmbeddingHandler
     from handler.search import GallerySearcher
     from handler.service import EmbeddingService
@@ -55,6 +68,7 @@ def test_the_rules_name_functions_that_exist():
     assert callable(otf.retrieve_msg)
     assert importlib.import_module("ts.metrics.caching_metric").__file__.replace("\\", "/").find("ts/metrics/") > 0
     assert stage_of(["EmbeddingService.embed (handler/service.py:1)"]) == "model forward pass"
+    assert entry.__file__.endswith("embedding_handler.py")  # the file name the catch-all handler rule matches
 
 
 def test_without_py_spy_it_stops_with_one_line(monkeypatch, capsys, tmp_path):
