@@ -94,6 +94,25 @@ def train_base(out: Path, seed: int, epochs: int, log: Callable[[str], None] = p
     return metadata
 
 
+def work_dir(root: Path | None, seed: int, epochs: int, negatives: int | None, source: str) -> Path:
+    """Where a base model and its enrollments live: one directory per seed, epochs, negatives and data source."""
+    suffix = ("" if negatives is None else f"-neg{negatives}") + (
+        "" if source == DEFAULT_DATA_SOURCE else "-" + hashlib.sha256(source.encode()).hexdigest()[:10])
+    return (root or Path("/tmp")) / f"fewshot-seed{seed}-e{epochs}{suffix}"
+
+
+def cached_base_matches(base: Path, source: str) -> bool:
+    """A cached base model is reused only when it was trained on what `source` holds now (name and split sizes):
+    an idx:DIR whose files changed gets a new base model."""
+    try:
+        recorded = json.loads((base / "metadata.json").read_text())["dataset"]
+    except (OSError, ValueError, KeyError):
+        return False
+    now = without(source, BASE_CLASSES)
+    return (recorded.get("name"), recorded.get("train"), recorded.get("test")) == (
+        now.name, len(now.train_labels), len(now.test_labels))
+
+
 def seed_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -122,14 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as exc:
         print(f"bench.fewshot: error: {exc}", file=sys.stderr)
         return 1
-    suffix = ("" if args.negatives is None else f"-neg{args.negatives}") + (
-        "" if args.data == DEFAULT_DATA_SOURCE else "-" + hashlib.sha256(args.data.encode()).hexdigest()[:10])
     load_start = machine()
     runs = []
     for seed in args.seeds:
-        work = (args.work or Path("/tmp")) / f"fewshot-seed{seed}-e{args.epochs}{suffix}"
+        work = work_dir(args.work, seed, args.epochs, args.negatives, args.data)
         base = work / "base"
-        if not (base / "metadata.json").is_file():
+        if not cached_base_matches(base, args.data):
             started = time.perf_counter()
             train_base(base, seed, args.epochs, log=lambda line: print(line, flush=True), negatives=args.negatives,
                        source=args.data)
@@ -202,7 +219,10 @@ def write_new_images(root: Path, seed: int, shots: int, source: str = DEFAULT_DA
         positions = rng.choice(np.flatnonzero(ds.train_labels == ds.classes.index(label)), shots, replace=False)
         (root / label).mkdir(parents=True, exist_ok=True)
         for i in positions:
-            Image.fromarray(ds.train_images[i]).save(root / label / f"sample{int(i)}.png")
+            # Named by the recorded id where it is a dataset index (the gallery's source then says which image it
+            # is); a folder source's ids are paths, so its images are named by position.
+            name = ids[i] if np.issubdtype(ids.dtype, np.integer) else i
+            Image.fromarray(ds.train_images[i]).save(root / label / f"sample{int(name)}.png")
         chosen[label] = sorted(ids[i].item() for i in positions)
     return chosen
 

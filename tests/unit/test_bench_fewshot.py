@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from bench import fewshot
-from tests.support.idx_fixtures import make_idx_dir
+from support.idx_fixtures import make_idx_dir
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +64,15 @@ def test_data_without_the_ten_digits_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "few-shot needs the ten digit classes 0-9, found cat, dog" in err[0]
     assert not (tmp_path / "w").exists() and not (tmp_path / "out").exists()
+
+
+def test_each_data_source_has_its_own_base_model_and_a_changed_one_is_not_reused(tiny_run, tmp_path):
+    root, _, _ = tiny_run
+    assert fewshot.work_dir(tmp_path, 0, 1, 0, "mnist-sample") == tmp_path / "fewshot-seed0-e1-neg0"
+    dirs = {fewshot.work_dir(tmp_path, 0, 1, 0, source) for source in ("mnist-sample", "idx:/a", "idx:/b")}
+    assert len(dirs) == 3
+    (base,) = list((root / "work").glob("fewshot-seed0-e1-neg0-*/base"))
+    assert fewshot.cached_base_matches(base, f"idx:{root / 'idx'}")
+    make_idx_dir(tmp_path / "other", n_train=300, n_test=100)  # the same kind of data, another size
+    assert not fewshot.cached_base_matches(base, f"idx:{tmp_path / 'other'}")
+    assert not fewshot.cached_base_matches(tmp_path / "nothing", f"idx:{root / 'idx'}")
