@@ -75,7 +75,7 @@ PROFILE_DEFAULTS = {
 #: fp32, or bf16 autocast of the network's forward pass during training; float32 master weights, loss and
 #: optimiser, so what is exported and served is an ordinary float32 model.
 PRECISION = ("fp32", "bf16")
-PRECISION_HELP = ("bf16: autocast the training forward pass (Fashion-MNIST epochs about 1.4x faster on CPUs with "
+PRECISION_HELP = ("bf16: autocast the training forward pass, in channels-last layout (faster epochs on CPUs with "
                   "native bf16, AVX512-BF16 or AMX); the exported model is float32 either way")
 
 
@@ -206,6 +206,10 @@ def train_model(
     seed_everything(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     model = EmbeddingNet(config.embedding_dim, config.width, config.pool)
+    # bf16 also trains in channels-last layout: oneDNN's bf16 convolutions then skip a reorder per layer (a training
+    # step about 1.3x faster again on this CPU). The weights go back to the standard layout before export.
+    layout = torch.channels_last if config.precision == "bf16" else torch.contiguous_format
+    model = model.to(memory_format=layout)
     head = ArcFaceHead(config.embedding_dim, n_classes, config.arcface_scale, config.arcface_margin)
     params = list(model.parameters()) + list(head.parameters())
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
@@ -242,7 +246,8 @@ def train_model(
             labelled = len(y)
             if per_batch:
                 x = torch.cat([x, negatives[torch.randint(len(negatives), (per_batch,), generator=generator)]])
-            x = augment(x, generator, config.max_shift, config.max_rotation, config.hflip, profile, config.erase)
+            x = augment(x, generator, config.max_shift, config.max_rotation, config.hflip, profile,
+                        config.erase).contiguous(memory_format=layout)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.precision == "bf16"):
                 out = model(x).float()
             loss = head(out[:labelled], y)
@@ -262,5 +267,6 @@ def train_model(
                                "gallery": int(len(train_y[gallery]))})
         log(f"epoch {epoch:3d}/{config.epochs}  loss {total / seen:.4f}  held-out kNN accuracy {accuracy:.4f}  ({elapsed:.1f}s)")
     history.seconds = time.perf_counter() - started
+    model = model.to(memory_format=torch.contiguous_format)
     model.eval()
     return model, history

@@ -306,6 +306,7 @@ def test_bf16_training_changes_the_arithmetic_and_keeps_float32_weights(prepared
     assert np.array_equal(bf16, again)  # still deterministic for a seed
     assert bf16.dtype == np.float32
     assert all(p.dtype == torch.float32 for p in bf16_model.state_dict().values() if p.is_floating_point())
+    assert all(p.is_contiguous() for p in bf16_model.state_dict().values())  # back from channels-last
     assert not np.array_equal(fp32, bf16)  # autocast really ran: bf16 rounding moved the weights
     # ...but only by rounding: the same seed and data give nearly the same embedding.
     assert float(np.mean(np.sum(fp32 * bf16, axis=1))) > 0.9
