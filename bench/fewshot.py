@@ -227,14 +227,22 @@ def write_new_images(root: Path, seed: int, shots: int, source: str = DEFAULT_DA
     return chosen
 
 
+@functools.lru_cache(maxsize=2)
+def held_out_inputs(source: str) -> np.ndarray:
+    """The held-out digits of `source` as model inputs, preprocessed once: every base and enrolled model answers
+    the same images."""
+    from handler.preprocessing import canvases_from_arrays, normalize
+
+    return normalize(canvases_from_arrays(digits(source).test_images))
+
+
 def served(artifacts: Path, source: str = DEFAULT_DATA_SOURCE) -> dict[str, Any]:
     """Answers of `artifacts` (EmbeddingService, as served) to the held-out digits of `source`, per group."""
-    from handler.preprocessing import canvases_from_arrays, normalize
     from handler.service import EmbeddingService
 
     ds = digits(source)
     service = EmbeddingService.from_dir(artifacts)
-    answers = service.searcher.classify(service.embed(normalize(canvases_from_arrays(ds.test_images))))
+    answers = service.searcher.classify(service.embed(held_out_inputs(source)))
     truth = np.array([ds.classes[y] for y in ds.test_labels])
     pred = np.array([str(a["pred"]) for a in answers])
     unknown = np.array([a["unknown"] for a in answers], dtype=bool)

@@ -82,9 +82,9 @@ def py_spy() -> str:
     return found
 
 
-def profile(server: Server, concurrency: int, seconds: int, workdir: Path) -> dict[str, Any]:
-    """One wrk run at `concurrency` with py-spy on every worker; stage shares and the run's CPU per role."""
-    spy = py_spy()
+def profile(server: Server, concurrency: int, seconds: int, workdir: Path, spy: str) -> dict[str, Any]:
+    """One wrk run at `concurrency` with py-spy (the `spy` binary) on every worker; stage shares and the run's CPU
+    per role."""
     workers = [p.pid for p in server.run.tree.processes() if worker_role(p) == "worker"]
     if not workers:
         raise ProfileError("no TorchServe worker process found")
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                               "machine": env.machine(), "versions": env.versions(), "load": {"start": uptime()}}
     cfg = shipped_config()
     try:
-        py_spy()
+        spy = py_spy()  # before any server starts
         with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
             data = serving_data(args.artifacts, cache_root() / "bench", True, args.request_images, 10, print)
             result["data"] = data.summary()
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 server = Server(run, data.images)
                 try:
                     result["warmup"] = server.warm(3, args.warmup_min, max(60.0, args.warmup_min), 0.05)
-                    result["run"] = profile(server, args.concurrency, args.seconds, Path(tmp))
+                    result["run"] = profile(server, args.concurrency, args.seconds, Path(tmp), spy)
                 finally:
                     server.script.remove()
     except (ProfileError, ServerError, ValueError, OSError, RuntimeError, psutil.Error) as exc:
