@@ -1,1 +1,1 @@
-"""Side-by-side performance benchmark of the embedding service: `python -m bench --out bench/results [--quick]`."""
+"""Benchmarks of the embedding service, one entry point: `python -m bench [SUBCOMMAND] [options]` (bench/README.md)."""

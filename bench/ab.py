@@ -1,7 +1,7 @@
-"""`python -m bench.ab --a DIR --b DIR --name NAME [--rounds 2] [--out bench/results]`: two artifact directories
+"""`python -m bench ab --a DIR --b DIR --name NAME [--rounds 2] [--out bench/results]`: two artifact directories
 (say the float and the int8 model) served the same way, measured alternately.
 
-Each round runs `python -m bench --sections ceiling,rest --configs shipped` on both, in separate processes, A first
+Each round runs `python -m bench run --sections ceiling,rest --configs shipped` on both, in separate processes, A first
 in even rounds and B first in odd ones (A B B A ...), so a slow stretch of the shared machine, or load that builds
 up over the run, hits both sides alike. Per figure it reports each side's median
 over rounds and the median of the per-round ratios B / A. Writes ab-NAME.json and ab-NAME.md into --out; each
@@ -29,8 +29,8 @@ CONCURRENCIES = (1, 16, 64)
 
 
 def run_bench(artifacts: Path, out: Path, trials: int, log=print) -> dict[str, Any]:
-    """One `python -m bench` run (ceiling and REST, shipped configuration, no peers); its results.json."""
-    cmd = [sys.executable, "-m", "bench", "--artifacts", str(artifacts), "--out", str(out), "--sections",
+    """One `python -m bench run` run (ceiling and REST, shipped configuration, no peers); its results.json."""
+    cmd = [sys.executable, "-m", "bench", "run", "--artifacts", str(artifacts), "--out", str(out), "--sections",
            "ceiling,rest", "--configs", "shipped", "--peers", "", "--concurrency",
            ",".join(map(str, CONCURRENCIES)), "--trials", str(trials)]
     log(f"[{datetime.now(UTC):%H:%M:%S}] {' '.join(cmd[1:])}")
@@ -87,7 +87,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"(1 min) {result['load_start']} at start, {result['load_end']} at end.", "",
              f"A = `{result['a']}`, B = `{result['b']}`. {result['rounds']} rounds, A first in even rounds and B first in "
              "odd ones; every bench run is "
-             f"`python -m bench --sections ceiling,rest --configs shipped --peers '' --concurrency 1,16,64 --trials "
+             f"`python -m bench run --sections ceiling,rest --configs shipped --peers '' --concurrency 1,16,64 --trials "
              f"{result['trials']}` (median of its trials). Below: median over rounds (per-round values in brackets) "
              "and the median per-round ratio B / A.", "",
              "| figure | A | B | B / A |", "|---|---|---|---|"]
@@ -110,7 +110,7 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench ab", description=__doc__.splitlines()[0])
     p.add_argument("--a", type=Path, required=True, help="artifact directory A (the baseline)")
     p.add_argument("--b", type=Path, required=True, help="artifact directory B")
     p.add_argument("--name", required=True, help="names the output files: ab-NAME.md, ab-NAME.json")
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.ab: error: {exc}", file=sys.stderr)
         return 1
     result = {"name": args.name, "a": str(args.a), "b": str(args.b), "rounds": args.rounds, "trials": args.trials,
-              "command": "python -m bench.ab " + " ".join(sys.argv[1:] if argv is None else argv),
+              "command": "python -m bench ab " + " ".join(sys.argv[1:] if argv is None else argv),
               "cpu": f"{cpu_model()}, {os.cpu_count()} logical cores", "started": started.isoformat(timespec="seconds"),
               "finished": datetime.now(UTC).isoformat(timespec="seconds"), "seconds": round(time.perf_counter() - t0),
               "load_start": load_start, "load_end": load_average()[0], "rows": compare(rounds)}

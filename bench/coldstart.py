@@ -1,6 +1,6 @@
 """Cold start: `./archive.sh` with existing artifacts (no training) and the size of the .mar it writes.
 
-Start-to-READY is measured on the shipped configuration's server by `bench.__main__` (stop/start
+Start-to-READY is measured on the shipped configuration's server by `bench.run` (stop/start
 cycles of the same instance), with `serving.server.start`, which returns exactly that time.
 """
 

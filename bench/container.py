@@ -1,4 +1,4 @@
-"""`python -m bench.container`: the serving image against the same configuration outside a container.
+"""`python -m bench container`: the serving image against the same configuration outside a container.
 
 For each gallery (5k = ``artifacts/`` from ``./archive.sh``; 60k = the bench's cached Fashion-MNIST
 set, see :mod:`bench.data`) the .mar is staged as KServe's storage initializer leaves /mnt/models
@@ -49,7 +49,7 @@ from settings import DEFAULT_ARTIFACTS, MODEL_NAME, MODEL_VERSION, REPO
 from serving.server import free_ports
 
 from . import env
-from .__main__ import DEFAULT_CACHE
+from .run import DEFAULT_CACHE
 from .data import FASHION_DIR, serving_data
 from .loadgen import LoadError, WrkScript, run_wrk
 from .procs import ProcessTree, stop_group
@@ -466,7 +466,7 @@ def markdown(results: dict) -> str:
 # --- main ---------------------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.container", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench container", description=__doc__.splitlines()[0])
     p.add_argument("--gallery", default="5k,60k", help="comma-separated: 5k (artifacts/), 60k (Fashion-MNIST)")
     p.add_argument("--duration", type=int, default=20, help="seconds per load trial (default 20)")
     p.add_argument("--concurrency", default="1,16", help="comma-separated concurrencies (default 1,16)")
@@ -482,7 +482,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def command_line(argv: list[str]) -> str:
     """The command as run, with $BUILD_IMAGES_ARGS when the build options came from it."""
-    line = shlex.join([".venv/bin/python", "-m", "bench.container", *argv])
+    line = shlex.join([".venv/bin/python", "-m", "bench", "container", *argv])
     if os.environ.get("BUILD_IMAGES_ARGS") and not any(a.startswith("--build-args") for a in argv):
         line = f"BUILD_IMAGES_ARGS={shlex.quote(os.environ['BUILD_IMAGES_ARGS'])} {line}"
     return line

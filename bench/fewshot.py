@@ -1,4 +1,4 @@
-"""Few-shot enrollment benchmark: `python -m bench.fewshot [--out bench/results] [--seeds 0,1,2] [--work DIR]
+"""Few-shot enrollment benchmark: `python -m bench fewshot [--out bench/results] [--seeds 0,1,2] [--work DIR]
 [--data SOURCE]`.
 
 Trains the default model (default config, 4,000 synthetic negatives as for the ten digits) on the digits 0-7
@@ -121,7 +121,7 @@ def seed_list(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.fewshot", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench fewshot", description=__doc__)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--work", type=Path, default=None,
                    help="base model cache root (default /tmp); each seed's base model lives in fewshot-seed<S>-e<E>")
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run(base, work, seed, args.shots, machine(), args.draws, args.data))
     if args.train_only:
         return 0
-    result = {"command": "python -m bench.fewshot " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": "python -m bench fewshot " + " ".join(argv if argv is not None else sys.argv[1:]),
               "data": args.data, "seeds": runs, "spread": spread(runs), "machine": {"start": load_start, "end": machine()}}
     text = "\n".join([report_head(result), *(report(r) for r in runs)])
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""`python -m bench.gpu_check --artifacts DIR [--out bench/results/gpu.md]`: the service on CUDA, checked and timed.
+"""`python -m bench gpu-check --artifacts DIR [--out bench/results/gpu.md]`: the service on CUDA, checked and timed.
 
 Loads the artifacts twice in the project's service (handler.service.EmbeddingService), on the CPU and on
 `--device` (default cuda), sends both the same few hundred request bodies (PNG digits as the bench sends them
@@ -250,7 +250,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench gpu-check", description=__doc__.splitlines()[0])
     p.add_argument("--artifacts", type=Path, help="trained artifacts (python -m training --out)")
     p.add_argument("--write-digits", type=Path, metavar="DIR",
                    help="only write glyph digits as a training folder DIR/<digit>/*.png (no GPU needed) and exit")
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     except ArtifactError as exc:
         print(f"bench.gpu_check: {exc}", file=sys.stderr)
         return 1
-    result = {"command": "python -m bench.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": "python -m bench gpu-check " + " ".join(argv if argv is not None else sys.argv[1:]),
               "started": started, "artifacts": str(args.artifacts), "devices": devices, "batches": batches,
               "duration_s": args.duration, "environment": environment(args.device), "parity": par,
               "throughput": rows}

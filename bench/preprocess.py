@@ -1,4 +1,4 @@
-"""`python -m bench.preprocess [--out bench/results]`: preprocessing time per image, the frozen version-1 code against today's.
+"""`python -m bench preprocess [--out bench/results]`: preprocessing time per image, the frozen version-1 code against today's.
 
 Times `preprocess(bytes)` (decode -> model input) per image for the frozen version-1 implementation
 (bench/preprocess_v1.py) and for today's handler/preprocessing.py, interleaved in one run (alternating
@@ -187,7 +187,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.preprocess", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench preprocess", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("bench/results"), help="directory for preprocess.json/.md")
     p.add_argument("--png", type=int, default=256, help="PNG bodies (default 256)")
     p.add_argument("--jpeg", type=int, default=64, help="JPEG photos (default 64)")
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = [round(v, 2) for v in os.getloadavg()]
     started = datetime.now(UTC).isoformat(timespec="seconds")
     rows = measure(corpora(args.png, args.jpeg), args.reps)
-    result = {"command": "python -m bench.preprocess " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": "python -m bench preprocess " + " ".join(argv if argv is not None else sys.argv[1:]),
               "started": started, "machine": f"{cpu_model()}, {os.cpu_count()} logical cores",
               "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "versions": _versions(),
               "reps": args.reps, "load_before": load_before, "load_after": [round(v, 2) for v in os.getloadavg()],

@@ -1,6 +1,6 @@
 """handler/preprocessing.py as it was before the speed-up (preprocessing version "1"), frozen.
 
-The reference the fast implementation is timed against (python -m bench.preprocess) and compared with,
+The reference the fast implementation is timed against (python -m bench preprocess) and compared with,
 tensor for tensor (tests/test_preprocessing_fast.py). Not used for serving or training.
 """
 

@@ -1,7 +1,7 @@
-"""`python -m bench.profile_worker`: where a TorchServe worker's time goes under load, and every process's CPU.
+"""`python -m bench profile-worker`: where a TorchServe worker's time goes under load, and every process's CPU.
 
 The benchmark says how far the server is from the in-process ceiling; this says where the difference goes.
-It starts the shipped configuration (its own .mar and TorchServe, as `python -m bench.latency` does), warms it
+It starts the shipped configuration (its own .mar and TorchServe, as `python -m bench latency` does), warms it
 at c=16 until two 3 s windows agree within 5% (at least 15 s), then samples every Python worker with
 py-spy (`record --format raw --nonblocking`: the worker is never paused) during one wrk run. Each sample is
 put in the first stage of STAGES whose frames it holds. Over the same run psutil gives the CPU of the Java
@@ -150,7 +150,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.profile_worker", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench profile-worker", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifacts", type=Path, default=DEFAULT_ARTIFACTS, help="artifacts to serve (read only)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seconds", type=int, default=12, help="length of the profiled run")
@@ -162,7 +162,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python -m bench.profile_worker " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench profile-worker " + " ".join(argv if argv is not None else sys.argv[1:])
     result: dict[str, Any] = {"schema_version": 1, "command": command.strip(),
                               "started": datetime.now(UTC).isoformat(timespec="seconds"),
                               "machine": env.machine(), "versions": env.versions(), "load": {"start": uptime()}}

@@ -1,4 +1,4 @@
-"""`python -m bench.runtimes --artifacts DIR --out bench/results`: the forward pass in each runtime, timed and checked.
+"""`python -m bench runtimes --artifacts DIR --out bench/results`: the forward pass in each runtime, timed and checked.
 
 Embed-only (no preprocessing, no search) latency and throughput at batch 1, 8 and 64 of held-out canvases, for:
 
@@ -363,7 +363,7 @@ def markdown(result: dict) -> str:
     lines = [
         "# Forward-pass runtimes: TorchScript, ONNX Runtime, int8, channels-last, threads",
         "",
-        f"`python -m bench.runtimes --artifacts {result['artifacts']} --out bench/results` on {m['cpus']} CPUs "
+        f"`python -m bench runtimes --artifacts {result['artifacts']} --out bench/results` on {m['cpus']} CPUs "
         f"({m['platform']}), {m['time']}; torch {m['torch']}, onnxruntime {m['onnxruntime']}. "
         f"1-minute load average {m['load_start']:.2f} at start, {m['load_end']:.2f} at end (other jobs shared the "
         f"machine). {result['settings']['rounds']} rounds of {result['settings']['seconds']} s per variant and batch, "
@@ -446,7 +446,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     from training.evaluate import FASHION_DIR
 
-    p = argparse.ArgumentParser(prog="python -m bench.runtimes", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench runtimes", description=__doc__.split("\n\n")[0])
     p.add_argument("--artifacts", type=Path, default=Path("/tmp/rt-artifacts"), help="trained artifacts with model.onnx")
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--rounds", type=int, default=9)

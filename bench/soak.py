@@ -1,7 +1,7 @@
 """Soak test: open-loop requests at a fixed rate, latency and errors per window, RSS of every TorchServe process.
 
-    python -m bench.soak --duration-s 600 --rate 20 --url http://127.0.0.1:8080 --key-file key_file.json
-    python -m bench.soak --duration-s 600 --rate 20 --model-store model_store   # starts its own TorchServe
+    python -m bench soak --duration-s 600 --rate 20 --url http://127.0.0.1:8080 --key-file key_file.json
+    python -m bench soak --duration-s 600 --rate 20 --model-store model_store   # starts its own TorchServe
 
 Requests are sent on a fixed schedule (request i at start + i/rate) by a thread pool, whatever the answers'
 latency, and latency is measured from the scheduled time, so a stalled server shows up as latency instead of
@@ -217,7 +217,7 @@ def build_report(args: argparse.Namespace, url: str, pid: int, started: str, sam
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration-s", type=float, required=True)
     p.add_argument("--rate", type=float, required=True, help="requests per second (open loop)")

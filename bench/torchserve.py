@@ -102,7 +102,7 @@ NETTY_ONE = (("number_of_netty_threads", "1"), ("netty_client_threads", "1"))
 
 
 def latency_candidates() -> list[TSConfig]:
-    """Batch delay / size and worker-count variations around the shipped layout (`python -m bench.latency`).
+    """Batch delay / size and worker-count variations around the shipped layout (`python -m bench latency`).
 
     `shipped-copy` is the shipped settings in a second server: an A/A control that shows the run's noise.
     """
