@@ -1,10 +1,14 @@
 """The no-regression gate: compare the new model with the one the InferenceService actually serves.
 
-Deploy writes what it deployed as annotations on the InferenceService (ANNOTATIONS); the gate reads them
-back through the Kubernetes API before the next deploy. No InferenceService yet means a first deploy,
-which passes. An API that cannot be reached, a missing permission or a service without the accuracy
-annotation means the current model is unknown: the run fails on one line unless it says
-`allow_unknown_current=true`. Either way the comparison and its reason are returned for the run's report.
+Deploy records what it deployed (ANNOTATIONS: accuracy, open-set rejection, version, .mar SHA-256, run id, and
+the storageUri) in a ConfigMap beside the InferenceService (pipeline.kserve.record_name), and only once the
+new revision serves; the previous entry is kept for rollback. The gate reads the record back through the
+Kubernetes API before the next deploy, and trusts it only when it names the storageUri the InferenceService's
+spec names, or when a newer spec has not come to serve (then the recorded model still has the traffic). No
+InferenceService yet means a first deploy, which passes. An API that cannot be reached, a missing permission,
+no record, or a record the serving spec contradicts means the current model is unknown: the run fails on one
+line unless it says `allow_unknown_current=true`. Either way the comparison and its reason are returned for
+the run's report.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .kserve import GROUP, PLURAL, VERSION, custom_objects_api
+from .kserve import (GROUP, PLURAL, RECORD_PREFIX, STORAGE_URI_KEY, VERSION, core_v1_api, custom_objects_api,
+                     read_record, record_name, rollout_state, served_storage_uri)
 
-#: Annotation keys on the InferenceService, written by deploy and read by the gate.
-PREFIX = "mnist-embedding"
+#: Keys of a deploy record entry, written by deploy (after the rollout) and read by the gate.
+PREFIX = RECORD_PREFIX
 ANNOTATIONS = {
     "accuracy": f"{PREFIX}/accuracy",
     "open_set_rejection": f"{PREFIX}/open-set-rejection",
@@ -31,13 +36,14 @@ class GateError(Exception):
 
 @dataclass(frozen=True)
 class Deployed:
-    """What the live InferenceService says it serves (None: nothing deployed yet)."""
+    """What the deploy record says the live InferenceService serves (None: nothing deployed yet)."""
 
     accuracy: float | None
     open_set_rejection: float | None = None
     model_version: str = ""
     mar_sha256: str = ""
     run_id: str = ""
+    storage_uri: str = ""
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,7 @@ class Decision:
 
 def annotations_for(accuracy: float, open_set_rejection: float, model_version: str, mar_sha256: str,
                     run_id: str) -> dict[str, str]:
-    """The annotations deploy writes (strings, as Kubernetes requires)."""
+    """The deploy record's entry for a model (strings, as ConfigMap data requires)."""
     values = {"accuracy": f"{accuracy:.6f}", "open_set_rejection": f"{open_set_rejection:.6f}",
               "model_version": model_version, "mar_sha256": mar_sha256, "run_id": run_id}
     return {ANNOTATIONS[key]: value for key, value in values.items()}
@@ -62,37 +68,54 @@ def _number(notes: dict[str, str], key: str) -> float | None:
         return None
 
 
-def read_deployed(namespace: str, name: str, api: Any = None) -> Deployed | None:
-    """The annotations of InferenceService namespace/name; None when it does not exist. Raises GateError."""
+def deployed_from(entry: dict[str, str]) -> Deployed:
+    return Deployed(_number(entry, "accuracy"), _number(entry, "open_set_rejection"),
+                    entry.get(ANNOTATIONS["model_version"], ""), entry.get(ANNOTATIONS["mar_sha256"], ""),
+                    entry.get(ANNOTATIONS["run_id"], ""), entry.get(STORAGE_URI_KEY, ""))
+
+
+def read_deployed(namespace: str, name: str, api: Any = None, core_api: Any = None) -> Deployed | None:
+    """What InferenceService namespace/name serves, from its deploy record; None when the service does not exist,
+    Deployed(None) when it has no record. Raises GateError when that cannot be known."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
     where = f"InferenceService {namespace}/{name}"
+    record_where = f"its deploy record ConfigMap {namespace}/{record_name(name)}"
+    reading = where
     try:
         api = api or custom_objects_api()
         obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        reading = record_where
+        record = read_record(core_api or core_v1_api(), namespace, name)
     except ApiException as exc:
-        if exc.status == 404:
+        if exc.status == 404 and reading == where:
             return None
         if exc.status in (401, 403):
-            raise GateError(f"cannot read {where}: {exc.status} {exc.reason} (the run's service account needs get on "
-                            "inferenceservices.serving.kserve.io: deploy/kubeflow/rbac.yaml)") from None
-        raise GateError(f"cannot read {where}: {exc.status} {exc.reason}") from None
+            what = ("inferenceservices.serving.kserve.io" if reading == where else "configmaps")
+            raise GateError(f"cannot read {reading}: {exc.status} {exc.reason} (the run's service account needs get "
+                            f"on {what}: deploy/kubeflow/rbac.yaml)") from None
+        raise GateError(f"cannot read {reading}: {exc.status} {exc.reason}") from None
     except (HTTPError, OSError) as exc:
-        raise GateError(f"cannot reach the Kubernetes API to read {where}: {type(exc).__name__}") from None
+        raise GateError(f"cannot reach the Kubernetes API to read {reading}: {type(exc).__name__}") from None
     except Exception as exc:  # kserve.KServeError: no credentials at all
-        raise GateError(f"cannot read {where}: {str(exc).splitlines()[0]}") from None
-    notes = (obj.get("metadata") or {}).get("annotations") or {}
-    return Deployed(_number(notes, "accuracy"), _number(notes, "open_set_rejection"),
-                    notes.get(ANNOTATIONS["model_version"], ""), notes.get(ANNOTATIONS["mar_sha256"], ""),
-                    notes.get(ANNOTATIONS["run_id"], ""))
+        raise GateError(f"cannot read {reading}: {str(exc).splitlines()[0]}") from None
+    if record is None:
+        return Deployed(None)
+    current = deployed_from(record.current)
+    spec_uri = served_storage_uri(obj)
+    if current.storage_uri != spec_uri and rollout_state(obj, None)[0] == "served":
+        raise GateError(f"{where} serves {spec_uri or 'no storageUri'} but {record_where} names "
+                        f"{current.storage_uri or 'none'} (changed outside the pipeline?)")
+    return current
 
 
-def decide(accuracy: float, namespace: str, name: str, allow_unknown_current: bool, api: Any = None) -> Decision:
+def decide(accuracy: float, namespace: str, name: str, allow_unknown_current: bool, api: Any = None,
+           core_api: Any = None) -> Decision:
     """Deploy when nothing is deployed or the new accuracy is not lower than the deployed one."""
     where = f"{namespace}/{name}"
     try:
-        current = read_deployed(namespace, name, api)
+        current = read_deployed(namespace, name, api, core_api)
     except GateError as exc:
         if not allow_unknown_current:
             raise GateError(f"{exc}; set allow_unknown_current=true to deploy anyway") from None
@@ -100,7 +123,7 @@ def decide(accuracy: float, namespace: str, name: str, allow_unknown_current: bo
     if current is None:
         return Decision(True, f"first deploy: no InferenceService {where} yet")
     if current.accuracy is None:
-        why = f"InferenceService {where} carries no {ANNOTATIONS['accuracy']} annotation"
+        why = f"InferenceService {where} has no deploy record with {ANNOTATIONS['accuracy']}"
         if not allow_unknown_current:
             raise GateError(f"{why}; set allow_unknown_current=true to deploy anyway")
         return Decision(True, f"{why}; deploying because allow_unknown_current=true", current)

@@ -1,76 +1,124 @@
-"""The no-regression gate and the deploy annotations, with the real `kubernetes` client talking to a
-Kubernetes API stand-in on loopback (tests/support/k8s_standin.py; no cluster runs here): first deploy, a better
-model deploys and is annotated, a worse one is skipped, 403 / unreachable / unannotated fail on one line
-unless allow_unknown_current."""
+"""The no-regression gate and the deploy record, with the real `kubernetes` client talking to a Kubernetes API
+stand-in on loopback that lags and fails like a cluster running KServe (tests/support/k8s_standin.py; no cluster
+runs here): the record is written only once the new revision serves, a failed or late rollout leaves it (and
+the spec) as they were, a record the serving spec contradicts is unknown, and 403 / unreachable / no record
+fail on one line unless allow_unknown_current."""
 
 from __future__ import annotations
 
 import pytest
-from support.k8s_standin import KubernetesStandin, write_kubeconfig
+import yaml
+from support.rollout import archive, cluster, deploy_version, entry, pvc, record  # noqa: F401 (fixtures)
 
-from pipeline.gate import ANNOTATIONS, GateError, annotations_for, decide, report
-from pipeline.kserve import KServeTarget, deploy
+from pipeline.gate import ANNOTATIONS, GateError, decide, report
+from pipeline.kserve import KServeError
 from serving.server import free_ports
+from settings import REPO
+
+BASE = "/apis/serving.kserve.io/v1beta1/namespaces/models/inferenceservices"
+RECORD = "/api/v1/namespaces/models/configmaps"
 
 
-@pytest.fixture()
-def cluster(tmp_path, monkeypatch):
-    standin = KubernetesStandin(token="runner-token")
-    with standin as url:
-        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", url, "runner-token")))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        yield standin
+def calls(cluster) -> list[tuple[str, str]]:
+    return [(r["method"], r["path"].split("?")[0]) for r in cluster.requests]
 
 
-@pytest.fixture()
-def pvc(tmp_path, monkeypatch):
-    mount = tmp_path / "pvc"
-    mount.mkdir()
-    monkeypatch.setenv("PVC_MOUNT_PATH", str(mount))
-    return mount
-
-
-def deploy_version(model_store, version: str, accuracy: float) -> dict:
-    notes = annotations_for(accuracy, 0.9, version, "ab" * 32, f"run-{version}")
-    target = KServeTarget(storage_uri="pvc://models/embedding", namespace="models", annotations=notes, poll_s=0.01,
-                          timeout_s=5)
-    return deploy(model_store / "embedding.mar", "embedding", version, target).manifest
-
-
-def test_first_deploy_passes_and_writes_the_annotations(cluster, model_store, pvc):
+def test_first_deploy_passes_and_records_once_the_revision_serves(cluster, archive, pvc):
     decision = decide(0.93, "models", "embedding", allow_unknown_current=False)
     assert decision.deploy and decision.reason == "first deploy: no InferenceService models/embedding yet"
-    deploy_version(model_store, "1.0", 0.93)
-    methods = [(r["method"], r["path"].split("?")[0]) for r in cluster.requests]
-    base = "/apis/serving.kserve.io/v1beta1/namespaces/models/inferenceservices"
-    assert methods[:3] == [("GET", f"{base}/embedding"), ("GET", f"{base}/embedding"), ("POST", base)]
+    cluster.ready_delay_s = 0.3
+    deploy_version(archive, "1.0", 0.93)
+    made = calls(cluster)
+    assert made[:4] == [("GET", f"{BASE}/embedding"), ("GET", "/api/v1/namespaces/models/persistentvolumeclaims/models"),
+                        ("GET", f"{BASE}/embedding"), ("POST", BASE)]
+    assert made[-2:] == [("GET", f"{RECORD}/embedding-deployed-model"), ("POST", RECORD)]
     assert all(r["headers"]["authorization"] == "Bearer runner-token" for r in cluster.requests)
-    notes = cluster.objects[("models", "embedding")]["metadata"]["annotations"]
-    assert notes == {ANNOTATIONS["accuracy"]: "0.930000", ANNOTATIONS["open_set_rejection"]: "0.900000",
-                     ANNOTATIONS["model_version"]: "1.0", ANNOTATIONS["mar_sha256"]: "ab" * 32,
-                     ANNOTATIONS["run_id"]: "run-1.0"}
+    assert record(cluster) == {"current": entry("1.0", 0.93), "history": [entry("1.0", 0.93)]}
+    served = cluster.isvc("models", "embedding")
+    assert not any(k.startswith("mnist-embedding/") for k in served["metadata"].get("annotations") or {})
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/1.0"
 
 
-def test_better_model_deploys_and_its_annotations_replace_the_old(cluster, model_store, pvc):
-    deploy_version(model_store, "1.0", 0.90)
+def test_the_record_is_not_written_before_the_new_revision_serves(cluster, archive, pvc):
+    """KServe's status lags the patch: the deploy must not return (nor record) on the old revision's Ready."""
+    deploy_version(archive, "1.0", 0.90)
+    cluster.reconcile_delay_s, cluster.ready_delay_s = 0.3, 0.3
+    deploy_version(archive, "2.0", 0.95)
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/2.0"
+    assert record(cluster)["current"] == entry("2.0", 0.95)
+
+
+def test_better_model_deploys_and_the_previous_entry_is_kept(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.90)
     decision = decide(0.95, "models", "embedding", allow_unknown_current=False)
     assert decision.deploy and decision.reason == "new accuracy 0.9500 >= deployed 0.9000 (version 1.0)"
-    deploy_version(model_store, "2.0", 0.95)
-    assert [r["method"] for r in cluster.requests].count("PATCH") == 1
-    obj = cluster.objects[("models", "embedding")]
-    assert obj["metadata"]["annotations"][ANNOTATIONS["accuracy"]] == "0.950000"
-    assert obj["metadata"]["annotations"][ANNOTATIONS["model_version"]] == "2.0"
+    deploy_version(archive, "2.0", 0.95)
+    assert [r["method"] for r in cluster.requests if "inferenceservices" in r["path"]].count("PATCH") == 1
+    patch = next(r for r in cluster.requests if r["method"] == "PATCH")
+    assert patch["headers"]["content-type"] == "application/merge-patch+json"
+    assert patch["body"]["metadata"]["resourceVersion"]  # a conditional write: 409 if the object moved on
+    obj = cluster.isvc("models", "embedding")
     assert obj["spec"]["predictor"]["model"]["storageUri"] == "pvc://models/embedding/2.0"
+    assert obj["metadata"]["generation"] == 2
+    assert record(cluster) == {"current": entry("2.0", 0.95), "previous": entry("1.0", 0.90),
+                               "history": [entry("1.0", 0.90), entry("2.0", 0.95)]}
     assert "| accuracy | 0.9500 | 0.9000 |" in report(decision, 0.95, 0.9)
 
 
-def test_equal_model_deploys_worse_model_is_skipped(cluster, model_store, pvc):
-    deploy_version(model_store, "1.0", 0.95)
+def test_a_failed_revision_leaves_the_spec_and_the_record_as_they_were(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.90)
+    cluster.fail_revisions = "Container failed with: ModuleNotFoundError"
+    with pytest.raises(KServeError) as failed:
+        deploy_version(archive, "2.0", 0.99)
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message == ('InferenceService models/embedding: rollout failed: Revision "embedding-predictor-00002" '
+                       "failed with message: Container failed with: ModuleNotFoundError.; spec put back on "
+                       "pvc://models/embedding/1.0")
+    cluster.fail_revisions = ""
+    obj = cluster.isvc("models", "embedding")
+    assert obj["spec"]["predictor"]["model"]["storageUri"] == "pvc://models/embedding/1.0"
+    assert obj["metadata"]["labels"]["app.kubernetes.io/version"] == "1.0"
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/1.0"
+    assert record(cluster)["current"] == entry("1.0", 0.90)
+    worse = decide(0.95, "models", "embedding", allow_unknown_current=False)
+    assert worse.deploy and worse.reason == "new accuracy 0.9500 >= deployed 0.9000 (version 1.0)"
+    deploy_version(archive, "2.0", 0.99)  # the rerun rolls out again and serves
+    assert record(cluster)["current"] == entry("2.0", 0.99)
+
+
+def test_a_rollout_past_the_deadline_leaves_the_record(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.90)
+    cluster.ready_delay_s = 30
+    with pytest.raises(KServeError, match=r"^InferenceService models/embedding not Ready after 0s: revision "
+                                          r"embedding-predictor-00002 is not ready yet \(traffic on "
+                                          r"embedding-predictor-00001\); spec put back on pvc://models/embedding/1.0$"):
+        deploy_version(archive, "2.0", 0.99, timeout_s=0.2)
+    assert record(cluster)["current"] == entry("1.0", 0.90)
+    assert cluster.isvc("models", "embedding")["spec"]["predictor"]["model"]["storageUri"].endswith("/1.0")
+
+
+def test_equal_model_deploys_worse_model_is_skipped(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.95)
     assert decide(0.95, "models", "embedding", allow_unknown_current=False).deploy
     worse = decide(0.9, "models", "embedding", allow_unknown_current=False)
     assert not worse.deploy
     assert worse.reason == "new accuracy 0.9000 < deployed 0.9500 (version 1.0): not deploying"
     assert report(worse, 0.9, 0.8).startswith("## No-regression gate: skip\n")
+
+
+def test_a_record_the_serving_spec_contradicts_is_unknown(cluster, archive, pvc):
+    """Someone pointed the service elsewhere by hand: the record no longer describes what serves."""
+    deploy_version(archive, "1.0", 0.95)
+    obj = cluster.objects[("inferenceservices", "models", "embedding")]
+    obj["spec"]["predictor"]["model"]["storageUri"] = "s3://elsewhere/model"
+    cluster._new_revision(("models", "embedding"), obj)
+    with pytest.raises(GateError, match=r"^InferenceService models/embedding serves s3://elsewhere/model but its "
+                                        r"deploy record ConfigMap models/embedding-deployed-model names "
+                                        r"pvc://models/embedding/1.0 \(changed outside the pipeline\?\); set "
+                                        r"allow_unknown_current=true to deploy anyway$"):
+        decide(0.99, "models", "embedding", allow_unknown_current=False)
+    assert decide(0.99, "models", "embedding", allow_unknown_current=True).deploy
 
 
 def test_forbidden_fails_on_one_line_unless_allowed(cluster):
@@ -86,7 +134,17 @@ def test_forbidden_fails_on_one_line_unless_allowed(cluster):
     assert allowed.deploy and "deploying because allow_unknown_current=true" in allowed.reason
 
 
+def test_a_role_without_configmaps_cannot_read_the_record(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.95)
+    cluster.role = {**cluster.role, "rules": [r for r in cluster.role["rules"] if "configmaps" not in r["resources"]]}
+    with pytest.raises(GateError, match=r"^cannot read its deploy record ConfigMap models/embedding-deployed-model: "
+                                        r"403 Forbidden \(the run's service account needs get on configmaps"):
+        decide(0.95, "models", "embedding", allow_unknown_current=False)
+
+
 def test_unreachable_api_fails_on_one_line_unless_allowed(tmp_path, monkeypatch):
+    from support.k8s_standin import write_kubeconfig
+
     (port,) = free_ports(1)  # nothing listens there
     monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}", "t")))
     with pytest.raises(GateError, match=r"^cannot reach the Kubernetes API to read InferenceService models/embedding: "
@@ -102,24 +160,28 @@ def test_no_credentials_at_all_is_unknown_too(tmp_path, monkeypatch):
         decide(0.95, "models", "embedding", allow_unknown_current=False)
 
 
-def test_a_service_without_the_annotation_is_unknown(cluster):
-    cluster.objects[("models", "embedding")] = {"metadata": {"name": "embedding", "namespace": "models"}, "spec": {}}
-    with pytest.raises(GateError, match="carries no mnist-embedding/accuracy annotation"):
+def test_a_service_without_a_record_is_unknown(cluster):
+    cluster.objects[("inferenceservices", "models", "embedding")] = {
+        "metadata": {"name": "embedding", "namespace": "models", "resourceVersion": "1", "generation": 1,
+                     "annotations": {ANNOTATIONS["accuracy"]: "0.99"}}, "spec": {}}
+    with pytest.raises(GateError, match="has no deploy record with mnist-embedding/accuracy"):
         decide(0.95, "models", "embedding", allow_unknown_current=False)
     assert decide(0.95, "models", "embedding", allow_unknown_current=True).deploy
 
 
-def test_the_shipped_role_allows_exactly_what_the_gate_and_deploy_call(cluster, model_store, pvc):
-    import yaml
-
-    from settings import REPO
-
-    deploy_version(model_store, "1.0", 0.90)
+def test_the_shipped_role_allows_exactly_what_the_gate_and_deploy_call(cluster, archive, pvc):
+    """The stand-in enforces the Role of deploy/kubeflow/rbac.yaml; this checks it grants nothing unused."""
+    deploy_version(archive, "1.0", 0.90)
     decide(0.95, "models", "embedding", allow_unknown_current=False)
-    deploy_version(model_store, "2.0", 0.95)
-    verbs = {"GET": "get", "POST": "create", "PATCH": "patch"}
-    used = {verbs[r["method"]] for r in cluster.requests}
+    deploy_version(archive, "2.0", 0.95)
+    verbs = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update"}
+    used: dict[str, set[str]] = {}
+    for r in cluster.requests:
+        used.setdefault(r["path"].split("?")[0].split("/")[-1 if r["method"] == "POST" else -2], set()).add(
+            verbs[r["method"]])
     role = next(d for d in yaml.safe_load_all((REPO / "deploy/kubeflow/rbac.yaml").read_text()) if d["kind"] == "Role")
-    (rule,) = role["rules"]
-    assert rule["apiGroups"] == ["serving.kserve.io"] and rule["resources"] == ["inferenceservices"]
-    assert used == {"get", "create", "patch"} and used <= set(rule["verbs"])
+    granted = {resource: set(rule["verbs"]) for rule in role["rules"] for resource in rule["resources"]}
+    assert used == {"inferenceservices": {"get", "create", "patch"}, "configmaps": {"get", "create", "update"},
+                    "persistentvolumeclaims": {"get"}}
+    assert all(used[resource] <= granted[resource] for resource in used)
+    assert granted["configmaps"] == used["configmaps"] and granted["persistentvolumeclaims"] == {"get"}

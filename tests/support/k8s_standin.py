@@ -1,17 +1,40 @@
-"""A Kubernetes API server stand-in on loopback for the InferenceService paths the gate and deploy call.
+"""A Kubernetes API server stand-in on loopback for the paths the gate, deploy and rollback call.
 
-It speaks what the real `kubernetes` client sends: GET, POST (create) and PATCH (JSON merge patch) on
-/apis/serving.kserve.io/v1beta1/namespaces/<ns>/inferenceservices[/<name>], answering with objects or
-Kubernetes `Status` errors (404 for none, 403 when `forbidden`, 401 for a wrong token). A created or
-patched InferenceService becomes Ready at once (one revision per spec change). Every request is recorded.
+It behaves like the real API server (and KServe's controller behind it) where the pipeline's correctness
+depends on it:
+
+- InferenceServices (serving.kserve.io/v1beta1, a CRD with the status subresource): GET, POST, PUT and PATCH
+  as `application/merge-patch+json` (RFC 7386) or `application/json-patch+json` (RFC 6902). Other patch types
+  answer 415: the API server has no strategic merge patch for custom resources. ConfigMaps: GET, POST, PUT.
+  PersistentVolumeClaims: GET (tests add them with `add_pvc`).
+- metadata.generation rises when spec changes, never on a metadata-only change; metadata.resourceVersion
+  rises on every write, the controller's status writes included. A PUT, or a patch, that carries a stale
+  metadata.resourceVersion answers 409 Conflict; a PUT of a custom resource without one answers 422. Status
+  sent to the main resource is ignored (status subresource).
+- KServe's controller (serverless mode), simulated from KServe 0.13-0.15's source: every change of the
+  InferenceService's spec, labels or annotations (KServe copies labels and annotations, less its disallowed
+  list, into the Knative revision template) makes a new revision `reconcile_delay_s` later; it becomes ready
+  `ready_delay_s` after that, or fails when `fail_revisions` is set (Ready False, reason RevisionFailed, as
+  Knative's Configuration reports it) and traffic stays on the last ready revision. status.observedGeneration
+  is the Knative Service's generation (one per revision template), as KServe copies it, not the
+  InferenceService's; no storageUri is reported in status.
+- RBAC: only the verbs the Role in deploy/kubeflow/rbac.yaml grants, in its namespace, else 403 (`forbidden`
+  refuses everything); 401 for a wrong token.
+- Faults on demand: `fail_next(method, resource, code)` answers the next matching request with that code;
+  `interfere_next(method, resource)` makes another writer (the controller) change the object just before the
+  next matching request, so a resourceVersion read before it is stale.
+
+Every request is recorded in `requests`.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,7 +42,19 @@ from typing import Any
 import yaml
 from support.http import send_json
 
-PATH = re.compile(r"^/apis/serving\.kserve\.io/v1beta1/namespaces/([^/]+)/inferenceservices(?:/([^/?]+))?(?:\?.*)?$")
+from settings import REPO
+
+ISVC = ("serving.kserve.io", "inferenceservices")
+PATH = re.compile(r"^/(?:apis/(?P<group>[^/]+)/(?P<version>[^/]+)|api/(?P<core>v1))/namespaces/(?P<namespace>[^/]+)/"
+                  r"(?P<resource>[^/?]+)(?:/(?P<name>[^/?]+))?(?:\?.*)?$")
+SERVED = {ISVC: "v1beta1", ("", "configmaps"): "v1", ("", "persistentvolumeclaims"): "v1"}
+#: KServe's default serviceAnnotationDisallowedList (pkg/constants): annotations not copied to revisions.
+NOT_PROPAGATED = ("autoscaling.knative.dev/min-scale", "autoscaling.knative.dev/max-scale",
+                  "internal.serving.kserve.io/storage-initializer-sourceuri",
+                  "kubectl.kubernetes.io/last-applied-configuration")
+VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+MERGE_PATCH, JSON_PATCH = "application/merge-patch+json", "application/json-patch+json"
+ROLE_FILE = REPO / "deploy" / "kubeflow" / "rbac.yaml"
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -35,26 +70,153 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
+class PatchError(Exception):
+    pass
+
+
+def json_patch(target: dict, operations: list) -> dict:
+    """RFC 6902 JSON patch (add, remove, replace, test) on object paths."""
+    out = copy.deepcopy(target)
+    for op in operations:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        node = out
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+        if op["op"] == "test":
+            if node.get(last) != op["value"]:
+                raise PatchError(f"test failed at {op['path']}")
+        elif op["op"] in ("add", "replace"):
+            node[last] = copy.deepcopy(op["value"])
+        elif op["op"] == "remove":
+            node.pop(last, None)
+        else:
+            raise PatchError(f"unsupported op {op['op']}")
+    return out
+
+
+def shipped_role() -> dict:
+    return next(d for d in yaml.safe_load_all(ROLE_FILE.read_text()) if d and d["kind"] == "Role")
+
+
 class KubernetesStandin:
-    def __init__(self, token: str = "test-token") -> None:
+    def __init__(self, token: str = "test-token", role: dict | None = None, reconcile_delay_s: float = 0.0,
+                 ready_delay_s: float = 0.0) -> None:
         self.token = token
-        self.objects: dict[tuple[str, str], dict] = {}
-        self.requests: list[dict] = []
+        self.role = role if role is not None else shipped_role()
+        self.reconcile_delay_s = reconcile_delay_s
+        self.ready_delay_s = ready_delay_s
+        self.fail_revisions = ""  # non-empty: revisions made from now on fail with this message
         self.forbidden = False
+        self.objects: dict[tuple[str, str, str], dict] = {}  # (resource, namespace, name) -> object
+        self.revisions: dict[tuple[str, str], list[dict]] = {}  # InferenceService -> its revisions, oldest first
+        self.requests: list[dict] = []
+        self._faults: list[dict] = []
+        self._versions = itertools.count(1)
+        self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
 
-    def _ready(self, obj: dict, changed: bool) -> None:
+    # ------------------------------------------------------------------ test controls
+
+    def add_pvc(self, namespace: str, name: str, access_modes: list[str], bound: bool = True) -> None:
+        pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+               "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(next(self._versions))},
+               "spec": {"accessModes": list(access_modes), "resources": {"requests": {"storage": "1Gi"}}},
+               "status": {"phase": "Bound", "accessModes": list(access_modes)} if bound else {"phase": "Pending"}}
+        self.objects[("persistentvolumeclaims", namespace, name)] = pvc
+
+    def fail_next(self, method: str, resource: str, code: int = 500, times: int = 1) -> None:
+        self._faults.append({"method": method, "resource": resource, "code": code, "times": times, "kind": "fail"})
+
+    def interfere_next(self, method: str, resource: str, times: int = 1) -> None:
+        self._faults.append({"method": method, "resource": resource, "times": times, "kind": "interfere"})
+
+    def isvc(self, namespace: str, name: str) -> dict:
+        with self._lock:
+            self._reconcile()
+            return copy.deepcopy(self.objects[("inferenceservices", namespace, name)])
+
+    # ------------------------------------------------------------------ KServe's controller
+
+    def _template(self, obj: dict) -> Any:
         meta = obj["metadata"]
-        if changed:
-            meta["generation"] = meta.get("generation", 0) + 1
-        name, ns = meta["name"], meta["namespace"]
-        revision = f"{name}-predictor-{meta['generation']:05d}"
-        obj["status"] = {"url": f"http://{name}.{ns}.example.com",
-                         "conditions": [{"type": "Ready", "status": "True"}],
-                         "components": {"predictor": {"latestCreatedRevision": revision,
-                                                      "latestReadyRevision": revision}}}
+        notes = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in NOT_PROPAGATED}
+        return [obj.get("spec"), meta.get("labels") or {}, notes]
+
+    def _new_revision(self, key: tuple[str, str], obj: dict) -> None:
+        revisions = self.revisions.setdefault(key, [])
+        now = time.monotonic()  # the delays as they are when the change is made
+        revisions.append({"name": f"{key[1]}-predictor-{len(revisions) + 1:05d}", "fails": self.fail_revisions,
+                          "created_at": now + self.reconcile_delay_s,
+                          "done_at": now + self.reconcile_delay_s + self.ready_delay_s, "template": self._template(obj),
+                          "storageUri": ((obj.get("spec") or {}).get("predictor") or {}).get("model", {})
+                          .get("storageUri")})
+
+    def _status(self, key: tuple[str, str]) -> dict:
+        now = time.monotonic()
+        created = [r for r in self.revisions.get(key, []) if now >= r["created_at"]]
+        if not created:
+            return {}
+        done = [r for r in created if now >= r["done_at"]]
+        ready = [r for r in done if not r["fails"]]
+        latest = created[-1]
+        predictor: dict[str, Any] = {"latestCreatedRevision": latest["name"]}
+        if latest in ready:
+            condition = {"type": "Ready", "status": "True"}
+        elif latest in done:
+            condition = {"type": "Ready", "status": "False", "reason": "RevisionFailed",
+                         "message": f'Revision "{latest["name"]}" failed with message: {latest["fails"]}.'}
+        else:
+            condition = {"type": "Ready", "status": "Unknown"}
+        status: dict[str, Any] = {"observedGeneration": len(created),
+                                  "conditions": [{**condition, "type": "PredictorReady"},
+                                                 {"type": "IngressReady", "status": "True"}, condition],
+                                  "components": {"predictor": predictor}}
+        if ready:
+            predictor["latestReadyRevision"] = ready[-1]["name"]
+            predictor["traffic"] = [{"revisionName": ready[-1]["name"], "percent": 100, "latestRevision": True}]
+            status["url"] = predictor["url"] = f"http://{key[1]}.{key[0]}.example.com"
+        return status
+
+    def _reconcile(self) -> None:
+        """What the controller would have written by now: status changes, each a write (new resourceVersion)."""
+        for (resource, namespace, name), obj in self.objects.items():
+            if resource == "inferenceservices":
+                status = self._status((namespace, name))
+                if status != obj.get("status"):
+                    obj["status"] = status
+                    obj["metadata"]["resourceVersion"] = str(next(self._versions))
+
+    def served_storage_uri(self, namespace: str, name: str) -> str | None:
+        """The storageUri of the revision traffic goes to (what a real cluster shows only in its pods)."""
+        with self._lock:
+            self._reconcile()
+            ready = self.objects[("inferenceservices", namespace, name)]["status"]["components"]["predictor"].get(
+                "latestReadyRevision")
+            return next((r["storageUri"] for r in self.revisions[(namespace, name)] if r["name"] == ready), None)
+
+    # ------------------------------------------------------------------ the API
+
+    def _allowed(self, verb: str, group: str, resource: str, namespace: str) -> bool:
+        if self.forbidden or namespace != self.role["metadata"]["namespace"]:
+            return False
+        return any(group in rule.get("apiGroups", []) and resource in rule.get("resources", [])
+                   and verb in rule.get("verbs", []) for rule in self.role["rules"])
+
+    def _fault(self, method: str, resource: str) -> dict | None:
+        for fault in self._faults:
+            if fault["method"] == method and fault["resource"] == resource:
+                fault["times"] -= 1
+                if fault["times"] <= 0:
+                    self._faults.remove(fault)
+                return fault
+        return None
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict]:
+        with self._lock:
+            self._reconcile()
+            return self._handle(method, path, headers, body)
+
+    def _handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict]:
         self.requests.append({"method": method, "path": path, "headers": headers,
                               "body": json.loads(body) if body else None})
         if headers.get("authorization") != f"Bearer {self.token}":
@@ -62,33 +224,85 @@ class KubernetesStandin:
         match = PATH.match(path)
         if not match:
             return 404, _status(404, "NotFound", f"the server could not find the requested resource ({path})")
-        namespace, name = match.groups()
-        if self.forbidden:
-            return 403, _status(403, "Forbidden", f'inferenceservices.serving.kserve.io "{name}" is forbidden: '
-                                f'User "system:serviceaccount:kubeflow:pipeline-runner" cannot {method.lower()} '
-                                f'resource "inferenceservices" in namespace "{namespace}"')
-        key = (namespace, name or "")
+        group, resource, namespace, name = (match["group"] or "", match["resource"], match["namespace"],
+                                            match["name"])
+        if SERVED.get((group, resource)) != (match["version"] or match["core"]):
+            return 404, _status(404, "NotFound", f"the server could not find the requested resource ({path})")
+        kind = f"{resource}.{group}" if group else resource
+        verb = VERBS[method] if name or method != "GET" else "list"
+        if not self._allowed(verb, group, resource, namespace):
+            return 403, _status(403, "Forbidden", f'{kind} "{name or ""}" is forbidden: User '
+                                f'"system:serviceaccount:kubeflow:pipeline-runner" cannot {verb} resource '
+                                f'"{resource}" in API group "{group}" in the namespace "{namespace}"')
+        fault = self._fault(method, resource)
+        if fault and fault["kind"] == "fail":
+            return fault["code"], _status(fault["code"], "InternalError", "Internal error occurred: injected")
+        if fault and fault["kind"] == "interfere" and (resource, namespace, name) in self.objects:
+            self.objects[(resource, namespace, name)]["metadata"]["resourceVersion"] = str(next(self._versions))
+        key = (resource, namespace, name or "")
         if method == "GET" and name:
             if key not in self.objects:
-                return 404, _status(404, "NotFound", f'inferenceservices.serving.kserve.io "{name}" not found')
+                return 404, _status(404, "NotFound", f'{kind} "{name}" not found')
             return 200, self.objects[key]
-        if method == "POST" and not name:
+        if method == "POST" and not name and resource != "persistentvolumeclaims":
             obj = json.loads(body)
-            key = (namespace, obj["metadata"]["name"])
+            key = (resource, namespace, obj["metadata"]["name"])
             if key in self.objects:
-                return 409, _status(409, "AlreadyExists", "already exists")
+                return 409, _status(409, "AlreadyExists", f'{kind} "{key[2]}" already exists')
+            obj["metadata"].update(namespace=namespace, resourceVersion=str(next(self._versions)))
+            obj.pop("status", None)
+            if resource == "inferenceservices":
+                obj["metadata"]["generation"] = 1
+                self._new_revision((namespace, key[2]), obj)
             self.objects[key] = obj
-            self._ready(obj, changed=True)
             return 201, obj
-        if method == "PATCH" and name:
+        if method in ("PUT", "PATCH") and name and resource != "persistentvolumeclaims":
             if key not in self.objects:
-                return 404, _status(404, "NotFound", "not found")
-            before = self.objects[key]
-            after = merge_patch(before, json.loads(body))
-            self._ready(after, changed=after.get("spec") != before.get("spec"))
-            self.objects[key] = after
-            return 200, after
-        return 405, _status(405, "MethodNotAllowed", method)
+                return 404, _status(404, "NotFound", f'{kind} "{name}" not found')
+            return self._write(method, key, kind, headers.get("content-type", ""), json.loads(body))
+        return 405, _status(405, "MethodNotAllowed", f"{method} is not supported on {kind}")
+
+    def _write(self, method: str, key: tuple[str, str, str], kind: str, content_type: str,
+               body: Any) -> tuple[int, dict]:
+        before = self.objects[key]
+        if method == "PATCH":
+            if content_type.split(";")[0] == MERGE_PATCH and isinstance(body, dict):
+                given = (body.get("metadata") or {}).get("resourceVersion")
+                after = merge_patch(before, body)
+            elif content_type.split(";")[0] == JSON_PATCH and isinstance(body, list):
+                given = next((op["value"] for op in body if op.get("path") == "/metadata/resourceVersion"
+                              and op.get("op") in ("test", "replace", "add")), None)
+                try:
+                    after = json_patch(before, body)
+                except (PatchError, KeyError, IndexError, ValueError) as exc:
+                    return 422, _status(422, "Invalid", f"the server rejected our request: {exc}")
+            else:
+                return 415, _status(415, "UnsupportedMediaType", f'the body of the request was in an unknown '
+                                    f'format - accepted media types include: {JSON_PATCH}, {MERGE_PATCH}, '
+                                    'application/apply-patch+yaml')
+        else:
+            given = (body.get("metadata") or {}).get("resourceVersion")
+            if given is None and key[0] == "inferenceservices":
+                return 422, _status(422, "Invalid", f'{kind} "{key[2]}" is invalid: metadata.resourceVersion: '
+                                    "Invalid value: 0x0: must be specified for an update")
+            after = copy.deepcopy(body)
+        if given is not None and given != before["metadata"]["resourceVersion"]:
+            return 409, _status(409, "Conflict", f'Operation cannot be fulfilled on {kind} "{key[2]}": the object '
+                                "has been modified; please apply your changes to the latest version and try again")
+        for field in ("name", "namespace", "generation"):
+            if field in before["metadata"]:
+                after.setdefault("metadata", {})[field] = before["metadata"][field]
+        if key[0] == "inferenceservices":
+            after["status"] = before.get("status", {})  # the status subresource: ignored here
+            if after.get("spec") != before.get("spec"):
+                after["metadata"]["generation"] = before["metadata"]["generation"] + 1
+        if after == before:
+            return 200, before
+        after["metadata"]["resourceVersion"] = str(next(self._versions))
+        self.objects[key] = after
+        if key[0] == "inferenceservices" and self._template(after) != self._template(before):
+            self._new_revision(key[1:], after)
+        return 200, after
 
     def __enter__(self) -> str:
         standin = self
@@ -117,8 +331,8 @@ class KubernetesStandin:
 
 
 def _status(code: int, reason: str, message: str) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason,
-            "code": code}
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
 
 
 def write_kubeconfig(path: Path, server: str, token: str, namespace: str = "models") -> Path:

@@ -1,0 +1,175 @@
+"""Deploying to KServe through the Kubernetes stand-in when the way there is rough: 409 and 5xx from the API
+server, pvc:// claims that KServe cannot share with the deploy task, predictor options; and the stand-in's own
+API-server semantics the rest relies on, checked through the real `kubernetes` client."""
+
+from __future__ import annotations
+
+import pytest
+from support.rollout import archive, cluster, deploy_version, entry, pvc, record  # noqa: F401 (fixtures)
+
+from pipeline import kserve
+from pipeline.kserve import GROUP, PLURAL, VERSION, KServeError, inference_service
+
+
+def writes(cluster, resource: str) -> list[dict]:
+    return [r for r in cluster.requests if r["method"] != "GET" and f"/{resource}" in r["path"]]
+
+
+# ---------------------------------------------------------------- API faults
+
+
+def test_5xx_on_the_patch_is_retried_with_backoff(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.9)
+    cluster.fail_next("PATCH", "inferenceservices", 500, times=2)
+    deploy_version(archive, "2.0", 0.9)
+    assert [r["method"] for r in writes(cluster, "inferenceservices")] == ["POST", "PATCH", "PATCH", "PATCH"]
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/2.0"
+    assert record(cluster)["current"] == entry("2.0", 0.9)
+
+
+def test_5xx_that_persists_ends_on_one_line_and_changes_nothing(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.9)
+    cluster.fail_next("PATCH", "inferenceservices", 503, times=kserve.API_ATTEMPTS)
+    with pytest.raises(KServeError, match=r"^InferenceService models/embedding: 503 Service Unavailable: Internal "
+                                          r"error occurred: injected$"):
+        deploy_version(archive, "2.0", 0.9)
+    assert len(writes(cluster, "inferenceservices")) == 1 + kserve.API_ATTEMPTS
+    assert cluster.isvc("models", "embedding")["spec"]["predictor"]["model"]["storageUri"].endswith("/1.0")
+    assert record(cluster)["current"] == entry("1.0", 0.9)
+
+
+def test_a_client_error_is_not_retried(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.9)
+    cluster.fail_next("PATCH", "inferenceservices", 422)
+    with pytest.raises(KServeError, match=r"^InferenceService models/embedding: 422 Unprocessable Entity"):
+        deploy_version(archive, "2.0", 0.9)
+    assert len(writes(cluster, "inferenceservices")) == 2
+
+
+def test_409_on_the_patch_rereads_and_reapplies(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.9)
+    cluster.interfere_next("PATCH", "inferenceservices")
+    cluster.interfere_next("PUT", "configmaps")
+    deploy_version(archive, "2.0", 0.95)
+    patches = writes(cluster, "inferenceservices")[1:]
+    assert len(patches) == 2 and len(writes(cluster, "configmaps")) == 3  # POST, then a PUT refused and redone
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/2.0"
+    assert record(cluster)["current"] == entry("2.0", 0.95) and record(cluster)["previous"] == entry("1.0", 0.9)
+
+
+def test_a_record_that_cannot_be_written_says_what_serves(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.9)
+    cluster.fail_next("PUT", "configmaps", 500, times=kserve.API_ATTEMPTS)
+    with pytest.raises(KServeError, match=r"^version 2\.0 \(pvc://models/embedding/2\.0\) serves, but its record "
+                                          r"ConfigMap models/embedding-deployed-model could not be written: 500 "):
+        deploy_version(archive, "2.0", 0.95)
+
+
+# ---------------------------------------------------------------- pvc://
+
+
+def test_a_claim_that_is_not_read_write_many_is_refused_before_anything_is_written(cluster, archive, pvc):
+    cluster.add_pvc("models", "models", ["ReadWriteOnce"])
+    with pytest.raises(KServeError, match=r"^pvc://models/embedding/1\.0: claim models/models is ReadWriteOnce; it "
+                                          r"must be ReadWriteMany \(the deploy task writes while serving pods read\)$"):
+        deploy_version(archive, "1.0", 0.9)
+    assert not any(pvc.iterdir())
+    assert not writes(cluster, "inferenceservices")
+
+
+def test_a_missing_claim_is_refused(cluster, archive, pvc):
+    with pytest.raises(KServeError, match=r"^pvc://other/embedding/1\.0: no PersistentVolumeClaim other in namespace "
+                                          r"models, where KServe mounts it$"):
+        deploy_version(archive, "1.0", 0.9, storage_uri="pvc://other/embedding")
+
+
+def test_a_claim_in_another_namespace_than_the_task_is_refused(cluster, archive, pvc, tmp_path, monkeypatch):
+    (tmp_path / "namespace").write_text("kubeflow\n")
+    monkeypatch.setattr(kserve, "NAMESPACE_FILE", tmp_path / "namespace")
+    with pytest.raises(KServeError, match=r"^pvc://models/embedding/1\.0: KServe mounts claim models from namespace "
+                                          r"models but this task runs in kubeflow, where its claim is mounted"):
+        deploy_version(archive, "1.0", 0.9)
+    assert not any(pvc.iterdir()) and len(cluster.requests) == 0
+    (tmp_path / "namespace").write_text("models\n")
+    deploy_version(archive, "1.0", 0.9)  # the same namespace: it can be shared
+
+
+def test_reading_the_claim_needs_the_role(cluster, archive, pvc):
+    cluster.role = {**cluster.role, "rules": [r for r in cluster.role["rules"]
+                                              if "persistentvolumeclaims" not in r["resources"]]}
+    with pytest.raises(KServeError, match=r"^cannot read PersistentVolumeClaim models/models: 403 Forbidden: .* \(needs "
+                                          r"get on persistentvolumeclaims: deploy/kubeflow/rbac.yaml\)$"):
+        deploy_version(archive, "1.0", 0.9)
+
+
+# ---------------------------------------------------------------- predictor options
+
+
+def test_image_pull_secrets_and_resources_reach_the_manifest():
+    default = inference_service("embedding", "models", "s3://b/e/1.0", "v1", "embedding", "1.0")
+    assert "imagePullSecrets" not in default["spec"]["predictor"]
+    assert default["spec"]["predictor"]["model"]["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"},
+                                                                  "limits": {"cpu": "1", "memory": "2Gi"}}
+    resources = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}}
+    manifest = inference_service("embedding", "models", "s3://b/e/1.0", "v1", "embedding", "1.0",
+                                 image_pull_secrets=["registry-a", "registry-b"], resources=resources)
+    assert manifest["spec"]["predictor"]["imagePullSecrets"] == [{"name": "registry-a"}, {"name": "registry-b"}]
+    assert manifest["spec"]["predictor"]["model"]["resources"] == resources
+    with pytest.raises(KServeError, match=r"^invalid InferenceService: .*limits\.memory"):
+        inference_service("embedding", "models", "s3://b/e/1.0", "v1", "embedding", "1.0",
+                          resources={"limits": {"memory": "3 GB"}})
+    with pytest.raises(KServeError, match="imagePullSecrets entry needs a Secret name"):
+        inference_service("embedding", "models", "s3://b/e/1.0", "v1", "embedding", "1.0", image_pull_secrets=[""])
+
+
+def test_a_pull_secret_no_longer_asked_for_is_removed_by_the_next_deploy(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.9, image_pull_secrets=["registry-a"])
+    assert cluster.isvc("models", "embedding")["spec"]["predictor"]["imagePullSecrets"] == [{"name": "registry-a"}]
+    deploy_version(archive, "2.0", 0.9)
+    assert "imagePullSecrets" not in cluster.isvc("models", "embedding")["spec"]["predictor"]
+
+
+# ---------------------------------------------------------------- the stand-in is an API server
+
+
+def test_standin_generation_resource_version_and_patch_types(cluster):
+    from kubernetes.client.exceptions import ApiException
+
+    api = kserve.custom_objects_api()
+    where = (GROUP, VERSION, "models", PLURAL)
+    cluster.role = {**cluster.role, "rules": [{"apiGroups": [GROUP], "resources": [PLURAL],
+                                               "verbs": ["get", "create", "patch", "update"]}]}  # PUT too, here
+    manifest = inference_service("embedding", "models", "s3://b/e/1.0", "v1", "embedding", "1.0")
+    created = api.create_namespaced_custom_object(*where, manifest)
+    assert created["metadata"]["generation"] == 1
+    notes = api.patch_namespaced_custom_object(*where, "embedding", {"metadata": {"annotations": {"a": "b"}}})
+    assert notes["metadata"]["generation"] == 1  # metadata only
+    assert notes["metadata"]["resourceVersion"] != created["metadata"]["resourceVersion"]
+    assert len(cluster.revisions[("models", "embedding")]) == 2  # but KServe copies annotations into the revision
+    with pytest.raises(ApiException) as stale:
+        api.patch_namespaced_custom_object(*where, "embedding", {"metadata": {"resourceVersion": "1"},
+                                                                  "spec": {"predictor": {"minReplicas": 2}}})
+    assert stale.value.status == 409
+    current = api.get_namespaced_custom_object(*where, "embedding")
+    current["spec"]["predictor"]["minReplicas"] = 2
+    replaced = api.replace_namespaced_custom_object(*where, "embedding", current)
+    assert replaced["metadata"]["generation"] == 2
+    with pytest.raises(ApiException) as stale_put:
+        api.replace_namespaced_custom_object(*where, "embedding", current)
+    assert stale_put.value.status == 409
+
+    def patch_as(content_type: str, body) -> dict:
+        """What kubectl patch --type json|strategic sends; the Python client's custom-object patch is merge only."""
+        return api.api_client.call_api(
+            f"/apis/{GROUP}/{VERSION}/namespaces/models/{PLURAL}/embedding", "PATCH", body=body,
+            header_params={"Content-Type": content_type, "Accept": "application/json"}, response_type="object",
+            auth_settings=["BearerToken"], _return_http_data_only=True)
+
+    jsonpatched = patch_as("application/json-patch+json",
+                           [{"op": "replace", "path": "/spec/predictor/minReplicas", "value": 3}])
+    assert jsonpatched["metadata"]["generation"] == 3 and jsonpatched["spec"]["predictor"]["minReplicas"] == 3
+    with pytest.raises(ApiException) as strategic:
+        patch_as("application/strategic-merge-patch+json", {"spec": {}})
+    assert strategic.value.status == 415
+    ignored = api.patch_namespaced_custom_object(*where, "embedding", {"status": {"url": "http://forged"}})
+    assert ignored["status"].get("url") != "http://forged"

@@ -1,0 +1,108 @@
+"""`rollback --to VERSION` against the Kubernetes stand-in: the storageUri and the record's entry come back
+together once the revision serves; an unknown version, a failing revision or no record end on one line and
+leave the service as it was."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from support.rollout import archive, cluster, deploy_version, entry, pvc, record  # noqa: F401 (fixtures)
+
+from pipeline import rollback
+from pipeline.gate import decide
+
+
+def run(argv: list[str], capsys) -> tuple[int, list[str], list[str]]:
+    parser = argparse.ArgumentParser(prog="rollback")
+    rollback.add_arguments(parser)
+    rc = rollback.run(parser.parse_args([*argv, "--namespace", "models", "--poll", "0.01", "--timeout", "5"]))
+    out, err = capsys.readouterr()
+    return rc, out.splitlines(), err.splitlines()
+
+
+@pytest.fixture()
+def two_versions(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.90)
+    deploy_version(archive, "2.0", 0.80)  # deployed with allow_unknown_current, say: worse, and now regretted
+    return cluster
+
+
+def storage_uri(cluster) -> str:
+    return cluster.isvc("models", "embedding")["spec"]["predictor"]["model"]["storageUri"]
+
+
+def test_rollback_restores_the_storage_uri_and_the_record_entry(two_versions, capsys):
+    cluster = two_versions
+    cluster.ready_delay_s = 0.2
+    rc, out, err = run(["--to", "1.0"], capsys)
+    assert (rc, err) == (0, [])
+    assert out == ["rolled InferenceService models/embedding back from version 2.0 to 1.0 "
+                   "(pvc://models/embedding/1.0): revision embedding-predictor-00003 serves"]
+    assert storage_uri(cluster) == "pvc://models/embedding/1.0"
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/1.0"
+    assert cluster.isvc("models", "embedding")["metadata"]["labels"]["app.kubernetes.io/version"] == "1.0"
+    assert record(cluster)["current"] == entry("1.0", 0.90)
+    assert record(cluster)["previous"] == entry("2.0", 0.80)
+    decision = decide(0.85, "models", "embedding", allow_unknown_current=False)
+    assert not decision.deploy and decision.reason.endswith("< deployed 0.9000 (version 1.0): not deploying")
+    rc, out, _ = run(["--to", "1.0"], capsys)
+    assert rc == 0 and out == ["InferenceService models/embedding already serves version 1.0 "
+                               "(pvc://models/embedding/1.0): nothing to do"]
+    rc, out, _ = run(["--to", "2.0"], capsys)  # and forward again: the record keeps both
+    assert rc == 0 and record(cluster)["current"] == entry("2.0", 0.80)
+
+
+def test_an_unknown_version_is_refused_on_one_line_without_a_write(two_versions, capsys):
+    writes = len([r for r in two_versions.requests if r["method"] != "GET"])
+    rc, out, err = run(["--to", "9.9"], capsys)
+    assert (rc, out) == (1, [])
+    assert err == ["rollback: error: version '9.9' is not in the deploy record of InferenceService models/embedding "
+                   "(recorded: 1.0, 2.0)"]
+    assert len([r for r in two_versions.requests if r["method"] != "GET"]) == writes
+
+
+def test_a_failing_rollback_revision_leaves_the_service_as_it_was(two_versions, capsys):
+    cluster = two_versions
+    cluster.fail_revisions = "the storage initializer found no model"
+    rc, out, err = run(["--to", "1.0"], capsys)
+    assert (rc, out, len(err)) == (1, [], 1)
+    assert err[0].startswith("rollback: error: InferenceService models/embedding: rollout failed: Revision "
+                             '"embedding-predictor-00003" failed with message: the storage initializer found no model')
+    assert err[0].endswith("; spec put back on pvc://models/embedding/2.0")
+    cluster.fail_revisions = ""
+    assert storage_uri(cluster) == "pvc://models/embedding/2.0"
+    assert cluster.isvc("models", "embedding")["metadata"]["labels"]["app.kubernetes.io/version"] == "2.0"
+    assert record(cluster)["current"] == entry("2.0", 0.80)
+
+
+def test_a_conflicting_write_is_retried_on_the_new_version(two_versions, capsys):
+    """Another writer (here the controller's status update) moves the object between the read and the patch."""
+    cluster = two_versions
+    cluster.interfere_next("PATCH", "inferenceservices")
+    rc, _, err = run(["--to", "1.0"], capsys)
+    assert (rc, err) == (0, [])
+    patches = [r for r in cluster.requests if r["method"] == "PATCH"][-2:]
+    assert patches[0]["body"]["metadata"]["resourceVersion"] != patches[1]["body"]["metadata"]["resourceVersion"]
+    assert storage_uri(cluster) == "pvc://models/embedding/1.0"
+
+
+def test_without_a_service_or_a_record_it_refuses_on_one_line(cluster, capsys):
+    rc, _, err = run(["--to", "1.0"], capsys)
+    assert (rc, err) == (1, ["rollback: error: no InferenceService models/embedding"])
+    cluster.objects[("inferenceservices", "models", "embedding")] = {
+        "metadata": {"name": "embedding", "namespace": "models", "resourceVersion": "1", "generation": 1}, "spec": {}}
+    rc, _, err = run(["--to", "1.0"], capsys)
+    assert (rc, err) == (1, ["rollback: error: InferenceService models/embedding has no deploy record (ConfigMap "
+                             "embedding-deployed-model): nothing to roll back to"])
+
+
+def test_the_namespace_is_required_outside_a_pod(capsys, monkeypatch, tmp_path):
+    from pipeline import kserve
+
+    monkeypatch.setattr(kserve, "NAMESPACE_FILE", tmp_path / "none")
+    parser = argparse.ArgumentParser()
+    rollback.add_arguments(parser)
+    assert rollback.run(parser.parse_args(["--to", "1.0"])) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "rollback: error: --namespace is required (not running in a pod whose namespace could be read)"]
