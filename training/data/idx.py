@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterable
 
 import numpy as np
 
@@ -85,17 +85,28 @@ def _candidates(prefix: str, kind: str) -> list[str]:
 
 def _find_files(path: Path) -> dict[str, Path]:
     """``{"train-images": Path, ...}``; one DataError listing every file that is missing."""
+    found, missing = select_idx_files(p.name for p in path.iterdir() if p.is_file())
+    if missing:
+        raise DataError(f"{path}: missing IDX file(s): {', '.join(missing)}")
+    return {key: path / name for key, name in found.items()}
+
+
+def select_idx_files(names: Iterable[str]) -> tuple[dict[str, str], list[str]]:
+    """The files of one directory, by name, that load_idx_dir reads: ``({"train-images": name, ...}, missing)``.
+
+    Also used on a bucket listing, to download only these files and name the missing ones before any download.
+    """
+    present = set(names)
     found, missing = {}, []
     for prefix in SPLITS.values():
         for kind in ("images", "labels"):
-            names = _candidates(prefix, kind)
-            hit = next((path / n for n in names if (path / n).is_file()), None)
+            candidates = _candidates(prefix, kind)
+            hit = next((n for n in candidates if n in present), None)
             if hit is None:
-                missing.append(f"{names[0]}[.gz]")
-            found[f"{prefix}-{kind}"] = hit
-    if missing:
-        raise DataError(f"{path}: missing IDX file(s): {', '.join(missing)}")
-    return found
+                missing.append(f"{candidates[0]}[.gz]")
+            else:
+                found[f"{prefix}-{kind}"] = hit
+    return found, missing
 
 
 def _check_split(images_path: Path, images: np.ndarray, labels_path: Path, labels: np.ndarray) -> None:
