@@ -263,7 +263,8 @@ def _s3_error(exc: Exception, bucket_name: str) -> str:
     """`s3://bucket: <S3 error code>: <message>` on one line (an upload failure wraps the service's error)."""
     import botocore.exceptions
 
-    cause = exc.__cause__ if isinstance(exc.__cause__, botocore.exceptions.ClientError) else exc
+    wrapped = exc.__cause__ or exc.__context__  # boto3 raises S3UploadFailedError while handling the ClientError
+    cause = wrapped if isinstance(wrapped, botocore.exceptions.ClientError) else exc
     if isinstance(cause, botocore.exceptions.ClientError):
         error = cause.response.get("Error", {})
         code = {"404": "NoSuchBucket", "403": "AccessDenied"}.get(str(error.get("Code")), error.get("Code", "error"))
