@@ -9,10 +9,17 @@ answer only the first request of a batch).
 - KServe v1: ``{"instances": [{"data": "<base64 image>"}, ...]}`` (also ``{"b64": ...}`` or a bare base64
   string per instance) -> ``{"predictions": [answer, ...]}``.
 - Open Inference v2: ``{"id": ..., "inputs": [tensor, ...]}`` where a tensor is ``BYTES`` (each element a
-  base64 image) or ``FP32`` pixels in [0, 1] as torchvision's ``ToTensor`` gives for an MNIST image (light
-  strokes on black), shaped ``[28, 28]``, ``[N, 28, 28]``, ``[N, 1, 28, 28]``, ``[784]`` or ``[N, 784]``
-  -> ``{"model_name", "model_version", "id", "outputs"}`` with one ``BYTES`` output per input, of the same
-  name, whose elements are the answers as JSON text.
+  base64 image), ``FP32`` pixels in [0, 1] as torchvision's ``ToTensor`` gives for an MNIST image (light
+  strokes on black) or ``UINT8`` pixels in 0..255 as MNIST stores them, shaped ``[28, 28]``,
+  ``[N, 28, 28]``, ``[N, 1, 28, 28]``, ``[784]`` or ``[N, 784]`` -> ``{"model_name", "model_version", "id",
+  "outputs"}`` with typed outputs holding one row per image, in request order across inputs
+  (:data:`V2_OUTPUTS`): ``label`` BYTES, ``distance`` and ``confidence`` FP32, ``unknown`` BOOL,
+  ``neighbour_labels`` BYTES and ``neighbour_distances`` FP32 ``[N, k]``; with the embedding option also
+  ``embedding`` FP32 ``[N, D]`` and ``neighbour_ids`` INT64 ``[N, k]``. Missing values are JSON ``null``
+  (NaN as numpy reads them), missing labels ``""``, missing ids -1. The request's ``outputs`` list picks
+  outputs by name (naming ``embedding`` or ``neighbour_ids`` turns the option on). The request parameter
+  ``{"output_format": "json"}`` asks for the JSON-text form instead: one BYTES output per input, of the same
+  name, whose elements are the answers as JSON text (what the project's own client reads, floats exact).
 
 A pixel tensor skips only decoding: it becomes the uint8 image a PNG of it would decode to and then takes
 the same array path of :mod:`handler.preprocessing` that training uses.
@@ -20,7 +27,9 @@ the same array path of :mod:`handler.preprocessing` that training uses.
 Errors: a body that is not a well-formed request of its protocol fails the whole request (4xx,
 ``{"error": ...}``). An image that cannot be used fails only itself: its place in ``predictions`` (v1)
 or its element of the output (v2) holds ``{"error": ..., "status": ...}`` and the others are answered.
-The HTTP status is 200 when any image was answered, else the first image's error status.
+The HTTP status is 200 when any image was answered, else the first image's error status. In the typed v2
+form a failed image's row holds no answer (label ``""``, ``null`` numbers, ``unknown`` true) and an extra
+``error`` BYTES output, present only when an image failed, holds each row's message (``""`` when answered).
 
 The option :data:`handler.requests.EMBEDDING_OPTION` is read from a plain JSON body, a form or gRPC field,
 and from the request's ``parameters`` object in v1 and v2; an invalid value refuses the whole request (400).
@@ -47,6 +56,32 @@ from .requests import (
     split_option,
 )
 
+#: The typed Open Inference v2 outputs: (name, datatype, shape of one image's row).
+V2_OUTPUTS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
+    ("label", "BYTES", ()),
+    ("distance", "FP32", ()),
+    ("confidence", "FP32", ()),
+    ("unknown", "BOOL", ()),
+    ("neighbour_labels", "BYTES", (-1,)),
+    ("neighbour_distances", "FP32", (-1,)),
+)
+#: Outputs present with the embedding option (asking for one of them by name turns the option on).
+V2_EMBEDDING_OUTPUTS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
+    ("embedding", "FP32", (-1,)),
+    ("neighbour_ids", "INT64", (-1,)),
+)
+#: Present only when an image of the request failed: its message per row, "" for answered rows.
+V2_ERROR_OUTPUT = ("error", "BYTES", ())
+#: The v2 request parameter choosing typed outputs ("tensors", the default) or JSON text per input ("json").
+OUTPUT_FORMAT = "output_format"
+OUTPUT_FORMATS = ("tensors", "json")
+#: What a v2 input may carry: (datatype, shape) as model metadata declares them.
+V2_INPUTS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
+    ("image", "BYTES", (-1,)),
+    ("pixels", "FP32", (-1, 1, 28, 28)),
+    ("pixels_uint8", "UINT8", (-1, 1, 28, 28)),
+)
+
 #: Most images one request may carry (larger requests get 413): one request must not monopolise a worker.
 MAX_IMAGES = 256
 PIXELS = CANVAS * CANVAS
@@ -65,6 +100,10 @@ class ProtocolRequest:
     error: RequestError | None = None  # the whole request is refused
     #: Answers carry the embedding and the neighbours' gallery ids (the request option).
     embedding: bool = False
+    #: v2: "tensors" (typed outputs) or "json" (one BYTES tensor of JSON answers per input).
+    output_format: str = "tensors"
+    #: v2: the output names the request asked for, in its order; None for all.
+    requested: list[str] | None = None
 
 
 def detect(body: Any) -> str:
@@ -127,10 +166,40 @@ def parse(body: Mapping[str, Any]) -> ProtocolRequest:
             return ProtocolRequest("v1", _v1_items(body), embedding=embedding)
         request_id = body.get("id")
         request_id = request_id if isinstance(request_id, str) else None
+        output_format = _output_format(body)
+        requested = _requested_outputs(body) if output_format == "tensors" else None
+        if requested and {name for name, _, _ in V2_EMBEDDING_OUTPUTS} & set(requested):
+            embedding = True
         items, inputs = _v2_items(body)
-        return ProtocolRequest("v2", items, inputs, request_id, embedding=embedding)
+        return ProtocolRequest("v2", items, inputs, request_id, embedding=embedding, output_format=output_format,
+                               requested=requested)
     except RequestError as exc:
         return ProtocolRequest(protocol, [], error=exc)
+
+
+def _output_format(body: Mapping[str, Any]) -> str:
+    parameters = body.get("parameters") or {}
+    value = parameters.get(OUTPUT_FORMAT, "tensors") if isinstance(parameters, Mapping) else "tensors"
+    if value not in OUTPUT_FORMATS:
+        raise RequestError(f'invalid value {ascii(value)[:40]} for "{OUTPUT_FORMAT}": use one of '
+                           f'{", ".join(OUTPUT_FORMATS)}')
+    return value
+
+
+def _requested_outputs(body: Mapping[str, Any]) -> list[str] | None:
+    """The names in the request's ``outputs`` list (None when absent); unknown names are a 400."""
+    outputs = body.get("outputs")
+    if outputs is None:
+        return None
+    if not isinstance(outputs, list) or not all(isinstance(o, Mapping) and isinstance(o.get("name"), str)
+                                                for o in outputs):
+        raise RequestError('"outputs" must be a list of {"name": ...} objects')
+    known = [name for name, _, _ in (*V2_OUTPUTS, *V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT)]
+    names = [o["name"] for o in outputs]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise RequestError(f"unknown output {ascii(unknown[0])[:60]}: this model's outputs are {', '.join(known)}")
+    return names
 
 
 def _check_count(count: int) -> None:
@@ -211,10 +280,10 @@ def _v2_tensor(tensor: Mapping[str, Any], where: str) -> list[Item]:
             except RequestError as exc:
                 out.append(exc)
         return out
-    if datatype == "FP32":
-        return _pixels(data, shape, where)
-    raise RequestError(f"input {where}: datatype {ascii(datatype)} is not supported: send BYTES (images) "
-                       "or FP32 (pixels in [0, 1])")
+    if datatype in ("FP32", "UINT8"):
+        return _pixels(data, shape, where, datatype)
+    raise RequestError(f"input {where}: datatype {ascii(datatype)} is not supported: send BYTES (images), "
+                       "FP32 (pixels in [0, 1]) or UINT8 (pixels in 0..255)")
 
 
 def _flatten(data: list, where: str) -> list:
@@ -235,7 +304,7 @@ def _flatten(data: list, where: str) -> list:
 
 
 def image_count(shape: Sequence[int]) -> int | None:
-    """Images in an FP32 pixel tensor of this shape, or None when the shape is not accepted."""
+    """Images in an FP32 or UINT8 pixel tensor of this shape, or None when the shape is not accepted."""
     shape = list(shape)
     if shape[-1:] == [PIXELS]:
         lead = shape[:-1]
@@ -252,16 +321,20 @@ def image_count(shape: Sequence[int]) -> int | None:
     return None
 
 
-def _pixels(data: list, shape: list[int], where: str) -> list[Item]:
+def _pixels(data: list, shape: list[int], where: str, datatype: str = "FP32") -> list[Item]:
     count = image_count(shape)
     if count is None:
-        raise RequestError(f"input {where}: FP32 shape {shape} is not one of [28, 28], [N, 28, 28], "
+        raise RequestError(f"input {where}: {datatype} shape {shape} is not one of [28, 28], [N, 28, 28], "
                            "[N, 1, 28, 28], [784], [N, 784]")
     if count > MAX_IMAGES:
         _check_count(count)
     flat = _flatten(data, where)
     if len(flat) != count * PIXELS:
         raise RequestError(f"input {where}: shape {shape} needs {count * PIXELS} values, got {len(flat)}")
+    if datatype == "UINT8":
+        if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in flat):
+            raise RequestError(f"input {where}: UINT8 data must be integers in 0..255")
+        return list(np.asarray(flat, dtype=np.uint8).reshape(count, CANVAS, CANVAS))
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
         raise RequestError(f"input {where}: FP32 data must be numbers")
     pixels = np.asarray(flat, dtype=np.float64).reshape(count, CANVAS, CANVAS)
@@ -292,15 +365,57 @@ def encode(request: ProtocolRequest, answers: Sequence[dict[str, Any]], model_na
     if request.protocol == "v1":
         body: dict[str, Any] = {"predictions": list(answers)}
     else:
-        outputs, start = [], 0
-        for name, count in request.inputs:
-            chunk = answers[start:start + count]
-            start += count
-            outputs.append({"name": name, "datatype": "BYTES", "shape": [count],
-                            "data": [json.dumps(a, separators=(",", ":")) for a in chunk]})
+        if request.output_format == "json":
+            outputs, start = [], 0
+            for name, count in request.inputs:
+                chunk = answers[start:start + count]
+                start += count
+                outputs.append({"name": name, "datatype": "BYTES", "shape": [count],
+                                "data": [json.dumps(a, separators=(",", ":")) for a in chunk]})
+        else:
+            outputs = typed_outputs(answers, request.embedding, request.requested)
         body = {"model_name": model_name, "model_version": model_version, "outputs": outputs}
         if request.request_id is not None:
             body["id"] = request.request_id
     if status != 200:
         body["error"] = failed[0]["error"]
     return status, body
+
+
+def _pad(values: list, width: int, fill: Any) -> list:
+    return values + [fill] * (width - len(values))
+
+
+def typed_outputs(answers: Sequence[dict[str, Any]], embedding: bool = False,
+                  requested: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The typed v2 outputs (:data:`V2_OUTPUTS`) for answers in request order, data flattened row-major.
+
+    ``requested``: output names to return, in that order (None: all); ``error`` is added whenever an image
+    failed, asked for or not, so that a row without an answer is never read as one.
+    """
+    rows = len(answers)
+    good = [a for a in answers if "error" not in a]
+    k = max((len(a["neighbours"]) for a in good), default=0)
+    neighbours = [a.get("neighbours", []) for a in answers]
+    columns: dict[str, tuple[list, list[int]]] = {
+        "label": ([a.get("pred") or "" for a in answers], [rows]),
+        "distance": ([a.get("dist") for a in answers], [rows]),
+        "confidence": ([a.get("confidence") for a in answers], [rows]),
+        "unknown": ([bool(a.get("unknown", True)) for a in answers], [rows]),
+        "neighbour_labels": ([v for n in neighbours for v in _pad([x["label"] for x in n], k, "")], [rows, k]),
+        "neighbour_distances": ([v for n in neighbours for v in _pad([x["dist"] for x in n], k, None)], [rows, k]),
+    }
+    if embedding:
+        dim = max((len(a.get("embedding", [])) for a in good), default=0)
+        columns["embedding"] = ([v for a in answers for v in _pad(list(a.get("embedding", [])), dim, None)],
+                                [rows, dim])
+        columns["neighbour_ids"] = ([v for n in neighbours for v in _pad([x.get("id", -1) for x in n], k, -1)],
+                                    [rows, k])
+    names = list(requested) if requested is not None else list(columns)
+    if len(good) < rows:
+        columns["error"] = ([a.get("error", "") for a in answers], [rows])
+        if "error" not in names:
+            names.append("error")
+    datatypes = {name: datatype for name, datatype, _ in (*V2_OUTPUTS, *V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT)}
+    return [{"name": name, "datatype": datatypes[name], "shape": columns[name][1], "data": columns[name][0]}
+            for name in dict.fromkeys(names) if name in columns]
