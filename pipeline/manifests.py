@@ -174,3 +174,31 @@ def validate_file(path: str | Path) -> list[dict]:
         except ManifestError as exc:
             raise ManifestError(f"{path} (document {index + 1}): {exc}") from None
     return docs
+
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+_QUANTITY_FACTOR = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+                    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(value: str | int | float) -> float:
+    """A Kubernetes resource quantity ("500m", "1.5", "2Gi", "768Mi") as a plain number (cores or bytes).
+
+    Covers the suffixes resource requests use; exponent forms ("1e3") are refused as unsupported here.
+    """
+    match = _QUANTITY.match(str(value).strip())
+    if not match:
+        raise ManifestError(f"not a Kubernetes quantity this project reads: {value!r}")
+    return float(match.group(1)) * _QUANTITY_FACTOR[match.group(2)]
+
+
+def engine_limit_args(limits: dict[str, str]) -> list[str]:
+    """podman/docker `run` options that enforce a Kubernetes container's `resources.limits` as the kubelet does:
+    a CFS quota of that many cores, and a memory cgroup limit with no swap above it."""
+    args = []
+    if "cpu" in limits:
+        args += ["--cpus", f"{quantity(limits['cpu']):g}"]
+    if "memory" in limits:
+        memory = f"{int(quantity(limits['memory']))}b"
+        args += ["--memory", memory, "--memory-swap", memory]
+    return args

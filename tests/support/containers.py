@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.kserve import API_KEY_ENV
+from pipeline.manifests import engine_limit_args
 from settings import REPO
 from serving.server import free_ports
 
@@ -103,11 +104,15 @@ class Container:
 
     @classmethod
     def run(cls, images: dict, image: str, name: str, command: list[str], env: dict[str, str],
-            mounts: dict[Path, str], ports: dict[int, int], user: int | None = None) -> "Container":
-        """`engine run -d` with read-only mounts {host: container path} and ports {host port: container port}."""
+            mounts: dict[Path, str], ports: dict[int, int], user: int | None = None,
+            limits: dict[str, str] | None = None) -> "Container":
+        """`engine run -d` with read-only mounts {host: container path} and ports {host port: container port}.
+
+        `limits` are a Kubernetes container's `resources.limits` (cpu, memory), enforced as the kubelet does.
+        """
         self = cls(images["engine"], name, images.get("containers_conf"))
         self._cli("rm", "-f", name, check=False)
-        args = ["run", "-d", "--name", name]
+        args = ["run", "-d", "--name", name, *engine_limit_args(limits or {})]
         for host, inside in mounts.items():
             args += ["-v", f"{host}:{inside}:ro"]
         for host_port, port in ports.items():
@@ -119,6 +124,16 @@ class Container:
         args += ["--entrypoint", command[0], image, *command[1:]]
         self._cli(*args)
         return self
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer ended a process of the container (as Kubernetes reports OOMKilled)."""
+        out = self._cli("inspect", "-f", "{{.State.OOMKilled}}", self.name).stdout.strip()
+        return out == "true"
+
+    def limits(self) -> dict[str, float]:
+        """The limits the engine applied: {"cpus": cores, "memory": bytes} (0 = none)."""
+        out = self._cli("inspect", "-f", "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}}", self.name).stdout.split()
+        return {"cpus": int(out[0]) / 1e9, "memory": float(out[1])}
 
     def state(self) -> tuple[str, int]:
         out = self._cli("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", self.name).stdout.split()
@@ -179,6 +194,13 @@ def wait_for_probe(base_url: str, probe: dict, timeout_s: float, container: Cont
         time.sleep(min(period, 1.0))
 
 
+def predictor_limits(manifest: dict, spec: dict) -> dict[str, str]:
+    """The limits a cluster puts on the predictor: the InferenceService's model resources over the runtime's."""
+    runtime = spec.get("resources", {}).get("limits", {})
+    model = manifest["spec"]["predictor"]["model"].get("resources", {}).get("limits", {})
+    return {**runtime, **model}
+
+
 def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str, str, dict]:
     """Run the serving image as the ServingRuntime + InferenceService describe it; returns (container, url, key, spec)."""
     models_dir, manifest = mnt_models
@@ -196,7 +218,8 @@ def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str
     (host_port,) = free_ports(1)
     container = Container.run(images, images["serving"]["ref"], name, spec["command"] + spec["args"], env,
                               {models_dir: "/mnt/models"}, {host_port: port},
-                              user=spec.get("securityContext", {}).get("runAsUser"))
+                              user=spec.get("securityContext", {}).get("runAsUser"),
+                              limits=predictor_limits(manifest, spec))
     return container, f"http://127.0.0.1:{host_port}", key, spec
 
 
