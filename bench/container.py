@@ -44,6 +44,7 @@ import yaml
 
 from client import ClientError, ManagementClient
 from pipeline.kserve import API_KEY_ENV, INFERENCE_PORT, METRICS_PORT, stage_layout
+from pipeline.manifests import engine_limit_args
 from serving.archive import build_mar
 from settings import DEFAULT_ARTIFACTS, MODEL_NAME, MODEL_VERSION, REPO
 from serving.server import free_ports
@@ -177,14 +178,18 @@ def runtime_spec() -> tuple[list[str], dict[str, str], int | None]:
     return spec["command"] + spec["args"], environ, spec.get("securityContext", {}).get("runAsUser")
 
 
-def start_container(images: dict, mnt: Path, name: str) -> Server:
-    """`podman run -d` as the ServingRuntime describes it; ready when /v2/health/ready answers 200."""
+def start_container(images: dict, mnt: Path, name: str, limits: dict[str, str] | None = None) -> Server:
+    """`podman run -d` as the ServingRuntime describes it; ready when /v2/health/ready answers 200.
+
+    `limits`: a Kubernetes `resources.limits` ({"cpu": "1", "memory": "2Gi"}), enforced as the kubelet would.
+    """
     command, environ, uid = runtime_spec()
     key = secrets.token_hex(16)
     port = free_ports(1)[0]
     engine = [images["engine"]]
     cli_env = {**os.environ, "CONTAINERS_CONF": images.get("containers_conf") or ""}
-    run = [*engine, "run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8080", "-v", f"{mnt}:/mnt/models:ro",
+    run = [*engine, "run", "-d", "--name", name, *engine_limit_args(limits or {}),
+           "-p", f"127.0.0.1:{port}:8080", "-v", f"{mnt}:/mnt/models:ro",
            *[a for k, v in {**environ, API_KEY_ENV: key}.items() for a in ("-e", f"{k}={v}")],
            *(["--user", str(uid)] if uid is not None else []),
            "--entrypoint", command[0], images["serving"]["ref"], *command[1:]]
