@@ -1,4 +1,4 @@
-"""Faults: interrupted archiving and training, a worker killed under load, tampered artifacts, a short soak.
+"""Faults: interrupted archiving and training, a worker killed under load, tampered artifacts.
 
 Every TorchServe here is this module's own (private_instance / start / stop in try-finally). Interrupts land at
 a random point of the build (the seed is in the failure message).
@@ -245,47 +245,6 @@ def test_one_request_with_a_non_ascii_field_name_cannot_kill_a_worker(fault_serv
         assert ready_pids(instance) == before
     finally:
         wait_for_workers(instance, 2)
-
-
-# --- a short soak through the bench command ------------------------------------------------------------------
-
-
-def test_short_soak_writes_well_formed_results_without_errors(fault_server, tmp_path):
-    wait_for_workers(fault_server, 2)
-    out = tmp_path / "soak"
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.soak", "--duration-s", "8", "--rate", "10", "--window-s", "2",
-         "--url", fault_server.endpoints.inference, "--key-file", str(fault_server.key_file), "--out", str(out)],
-        capture_output=True, text=True, env=ENV, cwd=REPO, timeout=120)
-    assert result.returncode in (0, 1), result.stderr  # 1 = a target missed; the figures are checked below
-    report = json.loads((out / "soak.json").read_text())
-    assert report["totals"]["requests"] == 80 and report["totals"]["errors"] == 0
-    windows = report["windows"]
-    assert [w["index"] for w in windows] == [0, 1, 2, 3]
-    assert sum(w["requests"] for w in windows) == 80
-    assert all(0 < w["p50_ms"] <= w["p99_ms"] for w in windows)
-    samples = report["rss"]["samples"]
-    assert len(samples) >= 4
-    assert all(s["frontend_mb"] > 0 and len(s["workers_mb"]) == 2 for s in samples)
-    growth = report["rss"]["growth_pct"]
-    assert set(growth) == {"frontend", "workers", "total"} and all(isinstance(v, float) for v in growth.values())
-    summary = (out / "soak.md").read_text()
-    assert "| window |" in summary and f"{report['totals']['requests']}" in summary
-
-
-def test_soak_windows_and_rss_growth_leave_out_the_warm_up():
-    from bench.soak import RssSample, Sample, rss_growth, windows
-
-    samples = [Sample(float(t), 0.010, 200) for t in np.arange(0.0, 4.0, 0.5)] + [Sample(1.2, 0.5, None, "reset")]
-    rss = [RssSample(t, 300.0 if t < 1 else 100.0, {7: 200.0 + t}) for t in np.arange(0.25, 4.0, 0.5)]
-    rows = windows(samples, rss, duration_s=4.0, window_s=1.0)
-    assert [(w["requests"], w["errors"]) for w in rows] == [(2, 0), (3, 1), (2, 0), (2, 0)]
-    assert rows[1]["p50_ms"] == rows[1]["p99_ms"] == 10.0  # failed requests are not latencies
-    assert [w["frontend_mb"] for w in rows] == [300.0, 100.0, 100.0, 100.0]
-    growth = rss_growth(rows, warmup_windows=1)  # the 300 MB warm-up window does not count
-    assert growth["frontend"] == 0.0
-    assert growth["workers"] == round(100 * (203.5 - 201.5) / 201.5, 2)
-    assert rss_growth(rows, warmup_windows=3) == {"frontend": None, "workers": None, "total": None}
 
 
 # --- python -m training interrupted --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The faster preprocessing against the frozen version-1 implementation (bench/preprocess_v1.py).
+"""The faster preprocessing against the frozen version-1 implementation (tests/support/preprocess_v1.py).
 
 Every input gives the tensor v1 gives, bit for bit, or the same error, except colour (YCbCr) JPEGs, which
 are decoded straight to luma. For those the tolerance is pinned down exactly: the decoded gray differs from
@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 from support.drawn_images import ALPHA_CASES, CASES, draw_seven, encode, in_mode, lab_tiff, png_with_size
+from support.photos import REQUEST_SCALE, photo_jpeg
+from support import preprocess_v1 as v1
 
-from bench import preprocess_v1 as v1
-from bench.data import REQUEST_SCALE, photo_jpeg
 from serving.samples import user_digit_png
 from handler import preprocessing as fast
 
@@ -125,7 +125,7 @@ def test_training_path_gives_v1s_canvases_for_the_whole_mnist_sample():
         np.testing.assert_array_equal(fast.canvases_from_arrays(images), v1.canvases_from_arrays(images))
 
 
-def test_bench_png_bodies_give_v1s_tensors():
+def test_enlarged_png_request_bodies_give_v1s_tensors():
     from training.data.sample import load_mnist_sample
 
     for image in load_mnist_sample().test_images[:300]:
@@ -253,7 +253,7 @@ def test_random_images_give_v1s_tensor(img, how):
 
 @pytest.fixture(scope="module")
 def photos() -> tuple[list[bytes], np.ndarray]:
-    """JPEG photos of 200 held-out digits (bench.data.photo_jpeg), with their labels."""
+    """JPEG photos of 200 held-out digits (support.photos.photo_jpeg), with their labels."""
     from training.data.sample import load_mnist_sample
 
     sample = load_mnist_sample()

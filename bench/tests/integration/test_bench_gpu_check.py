@@ -1,4 +1,4 @@
-"""bench.gpu_check: the no-GPU exit, its import closure, and the parity/throughput logic on any device."""
+"""`python -m bench gpu-check`: the no-GPU exit, its import closure, and the parity/throughput logic on any device."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from bench import gpu_check
-from handler.embedding_handler import pick_device
 from settings import REPO
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
@@ -23,7 +22,7 @@ FORBIDDEN = ("psutil", "matplotlib", "requests", "mlxtend", "pandas", "scipy", "
 
 
 def run_check(*args: str, block: bool = False) -> subprocess.CompletedProcess:
-    """`python -m bench.gpu_check ARGS` in a subprocess; with block, importing a FORBIDDEN module fails it."""
+    """`python -m bench gpu-check ARGS` in a subprocess; with block, importing a FORBIDDEN module fails it."""
     prelude = ""
     if block:
         prelude = (
@@ -35,7 +34,7 @@ def run_check(*args: str, block: bool = False) -> subprocess.CompletedProcess:
             "            raise ImportError(f'bench.gpu_check must not import {name}')\n"
             "sys.meta_path.insert(0, Block())\n"
         )
-    code = prelude + f"import sys\nfrom bench.gpu_check import main\nsys.exit(main({list(args)!r}))\n"
+    code = prelude + f"import sys\nfrom bench.__main__ import main\nsys.exit(main({['gpu-check', *args]!r}))\n"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
@@ -44,7 +43,7 @@ def run_check(*args: str, block: bool = False) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_77(tiny_artifacts, tmp_path):
     out = tmp_path / "gpu.md"
-    done = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--artifacts", str(tiny_artifacts), "--out",
+    done = subprocess.run([sys.executable, "-m", "bench", "gpu-check", "--artifacts", str(tiny_artifacts), "--out",
                            str(out)], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
                           text=True, timeout=300, check=False)
     assert done.returncode == gpu_check.NO_GPU_EXIT == 77
@@ -109,40 +108,3 @@ def test_compare_reports_every_kind_of_difference(tiny_artifacts, bodies):
     assert len(problems) == 3
     assert "label" in problems[0] and "unknown" in problems[1] and "distances" in problems[2]
     assert all("threshold 0.500000" in p for p in problems)
-
-
-@pytest.mark.parametrize(
-    ("gpu_id", "setting", "available", "expected"),
-    [(0, "auto", True, "cuda:0"), (1, "auto", True, "cuda:1"), (0, "auto", False, "cpu"), (None, "auto", True, "cpu"),
-     (0, "cpu", True, "cpu"), (None, "cuda", True, "cuda:0"), (2, "cuda", True, "cuda:2"),
-     (None, "cuda:3", True, "cuda:3"), (0, "", True, "cuda:0")])
-def test_handler_device_setting(gpu_id, setting, available, expected):
-    assert pick_device(gpu_id, setting, available) == expected
-
-
-@pytest.mark.parametrize("setting", ["cuda", "cuda:0", "tpu"])
-def test_handler_device_setting_is_refused_when_it_cannot_be_honoured(setting):
-    with pytest.raises(ValueError, match="handler.device"):
-        pick_device(0, setting, cuda_available=False)
-
-
-def test_service_on_cuda_turns_tf32_off(monkeypatch):
-    """The CUDA branch of EmbeddingService's set-up, without a GPU (embed is stubbed)."""
-    import numpy as np
-
-    from handler.preprocessing import DIGITS
-    from handler.service import EmbeddingService
-
-    class Searcher:
-        dim = 4
-
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    monkeypatch.setattr(EmbeddingService, "embed", lambda self, batch: np.zeros((len(batch), 4), np.float32))
-    try:
-        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
-        EmbeddingService(None, Searcher(), {"preprocessing": DIGITS.record()}, device="cpu")
-        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
-        EmbeddingService(None, Searcher(), {"preprocessing": DIGITS.record()}, device="cuda")
-        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

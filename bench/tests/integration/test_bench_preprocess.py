@@ -1,4 +1,4 @@
-"""python -m bench.preprocess end to end on a few images (well-formed outputs, no timing assertions)."""
+"""python -m bench preprocess end to end on a few images (well-formed outputs, no timing assertions)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`python -m bench.profile_worker` against a real TorchServe: py-spy samples its workers and the samples land in
+"""`python -m bench profile-worker` against a real TorchServe: py-spy samples its workers and the samples land in
 the handler's stages (no timing assertions)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_profile_of_a_real_server(tmp_path, tiny_artifacts):
     assert shutil.which("wrk"), "wrk is not installed: ./scripts/system-deps.sh installs it"
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-m", "bench.profile_worker", "--artifacts", str(tiny_artifacts),
+    done = subprocess.run([sys.executable, "-m", "bench", "profile-worker", "--artifacts", str(tiny_artifacts),
                            "--seconds", "3", "--warmup-min", "0", "--request-images", "32", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     if done.returncode != 0 and "py-spy could not sample" in done.stderr:

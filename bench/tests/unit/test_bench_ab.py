@@ -1,5 +1,5 @@
 """bench.ab's arithmetic on results shaped like `python -m bench`'s results.json (the runs themselves are
-`python -m bench`, which tests/integration/test_bench.py runs for real)."""
+`python -m bench`, which bench/tests/integration/test_bench_run.py runs for real)."""
 
 from __future__ import annotations
 
