@@ -41,6 +41,16 @@ DEFAULT_THREADS = 2
 #: Inside a KServe pod: the gateway listens on KServe's container port, TorchServe behind it on loopback.
 KSERVE_GATEWAY_PORT = 8080
 POD_TORCHSERVE_PORT = 8085
+#: Settings of config.properties that hold wherever TorchServe runs, the KServe pod included
+#: (pipeline.kserve.runtime_properties copies them and refuses a config.properties without one): request limits,
+#: the metrics format, and model_metrics_auto_detect, without which TorchServe (default false) drops every
+#: Embedding* metric the handler emits and the alerts on them never evaluate.
+SERVER_PROPERTIES = ("max_request_size", "max_response_size", "limit_max_image_pixels", "job_queue_size",
+                     "default_response_timeout", "vmargs", "metrics_mode", "model_metrics_auto_detect",
+                     "enable_model_api")
+#: A config.properties key TorchServe ignores: where the KServe gateway serves TorchServe's metrics (fetched
+#: from its loopback metrics_address) together with its own request histogram. Absent: no gateway metrics.
+GATEWAY_METRICS_KEY = "gateway_metrics_address"
 MODEL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 MODEL_NAME_RULE = "use letters, digits, '-' and '_', starting with a letter or digit"
 

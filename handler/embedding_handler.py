@@ -126,7 +126,8 @@ class EmbeddingHandler(BaseHandler):
                     "pid=%d ids=%s", len(requests), timings.rejected, timings.unknown, 1e3 * timings.preprocess,
                     1e3 * timings.embed, 1e3 * timings.search, len(answers), os.getpid(), ids)
         if self.context.metrics is not None:
-            record_metrics(self.context.metrics, len(answers), timings)
+            record_metrics(self.context.metrics, len(answers), timings, self.context.model_name,
+                           self._model_version(self.context))
             if time.monotonic() - self._baseline_sent >= BASELINE_REFRESH_S:
                 self._send_baseline(self.context)
         # Behind a KServe envelope the rows are the instances of one request, not one row per request:
@@ -157,10 +158,15 @@ class EmbeddingHandler(BaseHandler):
     def _send_baseline(self, context) -> None:
         if self._baseline and getattr(context, "metrics", None) is not None:
             try:
-                record_baseline(context.metrics, context.model_name, self._baseline)
+                record_baseline(context.metrics, context.model_name, self._model_version(context), self._baseline)
             except Exception:  # metrics must never take the model down
                 logger.exception("could not emit the drift-baseline metrics")
         self._baseline_sent = time.monotonic()
+
+    @staticmethod
+    def _model_version(context) -> str | None:
+        """The .mar's version (its manifest's modelVersion)."""
+        return (getattr(context, "manifest", None) or {}).get("model", {}).get("modelVersion")
 
     def _is_grpc(self, idx: int) -> bool:
         """gRPC requests reach the worker without HTTP headers (no Host)."""

@@ -18,6 +18,12 @@ METRIC_NAMES = ("EmbeddingPreprocessMs", "EmbeddingInferenceMs", "EmbeddingSearc
                 "EmbeddingTop1Distance", "EmbeddingUnknownAnswers", "EmbeddingRejectedInputs",
                 "EmbeddingAnsweredImages", "EmbeddingTop1DistanceSum")
 
+#: Dimensions of every handler metric, in this order (TorchServe's frontend adds Hostname). ModelVersion is the
+#: .mar's version, so the figures of two versions (a canary beside the stable one) stay apart.
+DIMENSIONS = ("ModelName", "Level", "ModelVersion")
+#: ModelVersion of a .mar whose manifest names none.
+NO_VERSION = "unversioned"
+
 #: The drift baseline of the loaded model (metadata.json "drift_baseline"), exposed as gauges so alerts
 #: compare live traffic with the model being served; absent for artifacts trained before it existed.
 BASELINE_METRICS = {
@@ -29,21 +35,34 @@ BASELINE_METRICS = {
 }
 
 
-def record_metrics(metrics: Any, batch_size: int, timings: BatchTimings) -> None:
-    """Write one batch's figures to TorchServe's metrics cache (ts.metrics.metric_cache_abstract API)."""
+def dimensions(model_name: str, model_version: str | None) -> list[Dimension]:
+    """The DIMENSIONS of a model's metrics. Explicit: outside a batch (at initialize) TorchServe's cache would
+    otherwise label a metric Level=Error without ModelName."""
+    values = (model_name, "Model", model_version or NO_VERSION)
+    return [Dimension(name, value) for name, value in zip(DIMENSIONS, values, strict=True)]
+
+
+def record_metrics(metrics: Any, batch_size: int, timings: BatchTimings, model_name: str,
+                   model_version: str | None) -> None:
+    """Write one batch's figures to TorchServe's metrics cache (ts.metrics.metric_cache_abstract API).
+
+    The *Ms gauges are milliseconds (TorchServe's add_time unit, like its PredictionTime); the per-request
+    latency histogram in seconds comes from the KServe gateway (serving.gateway_metrics)."""
+    dims = dimensions(model_name, model_version)
     preprocess_ms, inference_ms, search_ms = (1e3 * timings.preprocess, 1e3 * timings.embed, 1e3 * timings.search)
-    metrics.add_time("EmbeddingPreprocessMs", preprocess_ms)
-    metrics.add_time("EmbeddingInferenceMs", inference_ms)
-    metrics.add_time("EmbeddingSearchMs", search_ms)
-    metrics.add_metric("EmbeddingBatchSize", batch_size, "count", metric_type=MetricTypes.GAUGE)
+    metrics.add_time("EmbeddingPreprocessMs", preprocess_ms, dimensions=list(dims))
+    metrics.add_time("EmbeddingInferenceMs", inference_ms, dimensions=list(dims))
+    metrics.add_time("EmbeddingSearchMs", search_ms, dimensions=list(dims))
+    metrics.add_metric("EmbeddingBatchSize", batch_size, "count", dimensions=list(dims),
+                       metric_type=MetricTypes.GAUGE)
     if timings.top1:
-        metrics.add_metric("EmbeddingTop1Distance", float(np.mean(timings.top1)), "distance",
+        metrics.add_metric("EmbeddingTop1Distance", float(np.mean(timings.top1)), "distance", dimensions=list(dims),
                            metric_type=MetricTypes.GAUGE)
-    metrics.add_counter("EmbeddingUnknownAnswers", timings.unknown)
-    metrics.add_counter("EmbeddingRejectedInputs", timings.rejected)
+    metrics.add_counter("EmbeddingUnknownAnswers", timings.unknown, dimensions=list(dims))
+    metrics.add_counter("EmbeddingRejectedInputs", timings.rejected, dimensions=list(dims))
     answered = [d for d in timings.top1 if d is not None]
-    metrics.add_counter("EmbeddingAnsweredImages", len(answered))
-    metrics.add_counter("EmbeddingTop1DistanceSum", float(sum(answered)))
+    metrics.add_counter("EmbeddingAnsweredImages", len(answered), dimensions=list(dims))
+    metrics.add_counter("EmbeddingTop1DistanceSum", float(sum(answered)), dimensions=list(dims))
 
 
 def baseline_values(metadata: dict) -> dict[str, float]:
@@ -62,10 +81,8 @@ def baseline_values(metadata: dict) -> dict[str, float]:
     return values if len(values) == len(BASELINE_METRICS) else {}  # all or nothing: alerts need every figure
 
 
-def record_baseline(metrics: Any, model_name: str, values: dict[str, float]) -> None:
-    """Set the baseline gauges. Explicit ModelName/Level dimensions: outside a batch (at initialize)
-    TorchServe's cache would otherwise label them Level=Error without ModelName."""
+def record_baseline(metrics: Any, model_name: str, model_version: str | None, values: dict[str, float]) -> None:
+    """Set the baseline gauges, labelled like the batch metrics (see dimensions)."""
     for name, value in values.items():
         metrics.add_metric(name, value, "distance" if "Distance" in name else "ratio",
-                           dimensions=[Dimension("ModelName", model_name), Dimension("Level", "Model")],
-                           metric_type=MetricTypes.GAUGE)
+                           dimensions=dimensions(model_name, model_version), metric_type=MetricTypes.GAUGE)
