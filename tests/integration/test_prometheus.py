@@ -84,6 +84,8 @@ def test_alert_unit_tests_pass_and_cover_every_alert():
     ("changes(WorkerLoadTime", "resets(WorkerLoadTime"),
     ("and on (job, instance) embedding:requests:rate5m > 0", "and on (job, instance) embedding:requests:rate5m >= 0"),
     ("embedding:answered:increase5m >= 50", "embedding:answered:increase5m >= 0"),
+    (" unless on (job, instance) embedding:request_seconds:p99_5m", ""),
+    ("embedding:request_seconds:p99_5m > 0.025", "embedding:request_seconds:p99_5m > 0.25"),
 ])
 def test_alert_unit_tests_catch_a_broken_rule(tmp_path, mutation):
     """The promtool tests are not vacuous: each of these rule changes makes them fail."""
@@ -93,6 +95,35 @@ def test_alert_unit_tests_catch_a_broken_rule(tmp_path, mutation):
     assert mutation[0] in text
     (copy / "rules" / "alerts.yml").write_text(text.replace(mutation[0], mutation[1]))
     assert promtool("test", "rules", copy / "tests" / "alerts_test.yml").returncode != 0
+
+
+@pytest.mark.prometheus
+@needs_promtool
+def test_alert_unit_tests_catch_a_latency_record_that_counts_refusals(tmp_path):
+    """The request p99 is of successful answers: counting slow 4xx refusals makes the promtool tests fail."""
+    copy = tmp_path / "prometheus"
+    shutil.copytree(prom.PROMETHEUS_DIR, copy)
+    text = (copy / "rules" / "recording.yml").read_text()
+    assert text.count('code=~"2.."') == 2
+    (copy / "rules" / "recording.yml").write_text(text.replace('code=~"2.."', 'code=~".*"'))
+    assert promtool("test", "rules", copy / "tests" / "alerts_test.yml").returncode != 0
+
+
+ISVC_PODS = "-l serving.kserve.io/inferenceservice=embedding"
+
+
+def test_every_alert_says_what_to_do_locally_and_on_kserve():
+    """runbook_local: the local server's commands and logs; runbook_kserve: kubectl against the predictor."""
+    rules = [rule for group in yaml.safe_load((RULES / "alerts.yml").read_text())["groups"]
+             for rule in group["rules"] if "alert" in rule]
+    assert {rule["alert"] for rule in rules} == ALERTS
+    for rule in rules:
+        local, kserve = rule["annotations"].get("runbook_local", ""), rule["annotations"].get("runbook_kserve", "")
+        assert local and kserve, rule["alert"]
+        assert "kubectl" not in local and ("python -m" in local or "logs/" in local), (rule["alert"], local)
+        assert kserve.startswith("kubectl -n $NS ") and (ISVC_PODS in kserve or "inferenceservice embedding" in kserve), \
+            (rule["alert"], kserve)
+        assert "{{" not in local + kserve  # static text: nothing for the template engine to get wrong
 
 
 @pytest.mark.prometheus
@@ -162,7 +193,8 @@ def test_training_records_the_drift_baseline(tiny_artifacts):
 
 
 def test_baseline_metrics_are_gauges_labelled_like_batch_metrics_even_outside_a_batch(tiny_artifacts, caplog):
-    """At initialize TorchServe's cache has no request ids; the gauges must still carry ModelName/Level=Model."""
+    """At initialize TorchServe's cache has no request ids; the gauges must still carry ModelName/Level=Model
+    and the model's version."""
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
     import ts
@@ -178,11 +210,11 @@ def test_baseline_metrics_are_gauges_labelled_like_batch_metrics_even_outside_a_
     cache.initialize_cache()
     cache.set_request_ids(None)
     with caplog.at_level(logging.INFO):
-        record_baseline(cache, "embedding", values)
+        record_baseline(cache, "embedding", "1.0", values)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[METRICS]EmbeddingBaseline")]
     assert len(lines) == len(values)
     for line in lines:
-        assert "ModelName:embedding,Level:Model" in line and "#type:GAUGE" in line
+        assert "ModelName:embedding,Level:Model,ModelVersion:1.0" in line and "#type:GAUGE" in line
 
 
 # ----------------------------------------------------------------------------- client drift, unit level
