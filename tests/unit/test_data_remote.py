@@ -6,7 +6,7 @@ import os
 
 import pytest
 from support.idx_fixtures import make_idx_dir
-from test_data_folder import make_tree
+from support.image_tree import make_tree
 
 from training.data import DataError, load_dataset
 from training.data.remote import PVC_MOUNT_DEFAULT, PVC_MOUNT_ENV, StorageURI, fetch, parse_uri
