@@ -4,12 +4,14 @@ v1 request ``{"instances": [{"data": "<base64 image>"}, ...]}``, answer ``{"pred
 Both protocols carry the embedding option in the request's ``parameters`` (``{"embedding": true}``).
 
 v2 request: one BYTES input tensor of shape [1] per image, named ``image-<i>``, whose element is the
-image's base64 text; answer: output tensors of datatype BYTES whose elements are the answers as JSON
-text (or objects). One tensor per image, not one tensor of shape [n]: TorchServe's ``kservev2``
-envelope hands the handler only the first element of each BYTES input and names each output after
-its input, so this layout is the one that works behind KServe's TorchServe runtime and with any
-server that follows the spec. Outputs are matched to inputs by name when they carry the input names,
-else taken in order.
+image's base64 text, with the request parameter ``output_format: json``; answer: output tensors of
+datatype BYTES whose elements are the answers as JSON text (or objects). The JSON form, not the typed
+outputs the server gives by default (label, distance, ...: for KServe's and Triton's own clients), because
+it carries every field of the REST answer with its exact floats. One tensor per image, not one tensor of
+shape [n]: TorchServe's ``kservev2`` envelope hands the handler only the first element of each BYTES input
+and names each output after its input, so this layout is the one that works behind KServe's TorchServe
+runtime and with any server that follows the spec. Outputs are matched to inputs by name when they carry
+the input names, else taken in order.
 
 Answers come back as the same dicts as TorchServe's REST API; a per-image refusal comes back as a
 ``BadImageError`` in that image's place.
@@ -22,6 +24,7 @@ import uuid
 from typing import Any, Sequence
 from urllib.parse import quote, urlsplit
 
+from handler.v2_schema import OUTPUT_FORMAT
 from handler.requests import EMBEDDING_OPTION
 
 from .answers import as_answer
@@ -43,8 +46,9 @@ def _item(item: Any, embedding: bool = False) -> Result:
         return exc
 
 
-def _parameters(embedding: bool) -> dict[str, Any]:
-    return {"parameters": {EMBEDDING_OPTION: True}} if embedding else {}
+def _parameters(embedding: bool, **more: Any) -> dict[str, Any]:
+    parameters = {**({EMBEDDING_OPTION: True} if embedding else {}), **more}
+    return {"parameters": parameters} if parameters else {}
 
 
 def encode_v1(images: Sequence[bytes], embedding: bool = False) -> dict[str, Any]:
@@ -69,7 +73,7 @@ def encode_v2(images: Sequence[bytes], request_id: str | None = None, embedding:
         "id": request_id or str(uuid.uuid4()),
         "inputs": [{"name": name, "shape": [1], "datatype": "BYTES", "data": [_b64(image)]}
                    for name, image in zip(input_names(len(images)), images, strict=True)],
-        **_parameters(embedding),
+        **_parameters(embedding, **{OUTPUT_FORMAT: "json"}),
     }
 
 

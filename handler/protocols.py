@@ -45,6 +45,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .preprocessing import CANVAS
+from .v2_schema import OUTPUT_FORMAT, OUTPUT_FORMATS, V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_OUTPUTS
 from .requests import (
     EMBEDDING_OPTION,
     RequestError,
@@ -54,32 +55,6 @@ from .requests import (
     json_body,
     parse_option,
     split_option,
-)
-
-#: The typed Open Inference v2 outputs: (name, datatype, shape of one image's row).
-V2_OUTPUTS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
-    ("label", "BYTES", ()),
-    ("distance", "FP32", ()),
-    ("confidence", "FP32", ()),
-    ("unknown", "BOOL", ()),
-    ("neighbour_labels", "BYTES", (-1,)),
-    ("neighbour_distances", "FP32", (-1,)),
-)
-#: Outputs present with the embedding option (asking for one of them by name turns the option on).
-V2_EMBEDDING_OUTPUTS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
-    ("embedding", "FP32", (-1,)),
-    ("neighbour_ids", "INT64", (-1,)),
-)
-#: Present only when an image of the request failed: its message per row, "" for answered rows.
-V2_ERROR_OUTPUT = ("error", "BYTES", ())
-#: The v2 request parameter choosing typed outputs ("tensors", the default) or JSON text per input ("json").
-OUTPUT_FORMAT = "output_format"
-OUTPUT_FORMATS = ("tensors", "json")
-#: What a v2 input may carry: (datatype, shape) as model metadata declares them.
-V2_INPUTS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
-    ("image", "BYTES", (-1,)),
-    ("pixels", "FP32", (-1, 1, 28, 28)),
-    ("pixels_uint8", "UINT8", (-1, 1, 28, 28)),
 )
 
 #: Most images one request may carry (larger requests get 413): one request must not monopolise a worker.

@@ -9,7 +9,9 @@ model metadata included. TorchServe's frontend already routes ``/v1/models/<m>:p
   inference and management APIs on loopback only;
 - answers ``/v2/health/live``, ``/v2/health/ready``, ``/v1/models/<m>``, ``/v2/models/<m>[/versions/<v>]``
   and ``.../ready`` itself, from TorchServe's ping and its workers' status;
-- passes inference requests through to TorchServe unchanged;
+- reads the v1/v2 inference bodies as KServe's model server does (JSON whatever the Content-Type, and the
+  v2 binary tensor extension, see :mod:`serving.open_inference`) and hands TorchServe their JSON; binary
+  outputs are written back when the request asks for them. ``/predictions/<m>`` passes through unchanged;
 - requires ``Authorization: Bearer <key>`` on everything but the two health paths, the key coming from
   the environment (a Kubernetes Secret); without a key it refuses to start unless told
   ``--allow-unauthenticated`` (for a mesh that authenticates in front of it);
@@ -32,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -41,7 +44,9 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from serving.gateway_metrics import GatewayMetrics
 from serving.torchserve_env import torchserve_environment
+from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_INPUTS, V2_OUTPUTS
 from settings import KSERVE_GATEWAY_PORT, read_properties
+from serving.open_inference import HEADER_LENGTH, ProtocolError, binary_outputs, json_object, read_v2, write_v2
 
 logger = logging.getLogger("kserve_runtime")
 
@@ -59,6 +64,10 @@ LEFTOVER_S = 2.0
 READY_CACHE_S = 1.0
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "content-length", "authorization"}
+#: Headers of a v1/v2 request that describe the client's body, not the JSON the gateway hands TorchServe.
+BODY_HEADERS = {"content-type", "content-encoding", HEADER_LENGTH.lower()}
+#: The platform the v2 model metadata names.
+V2_PLATFORM = "pytorch_torchscript"
 
 
 class RuntimeConfigError(Exception):
@@ -106,7 +115,13 @@ class Upstream:
 
 
 def _json(status: int, body: dict) -> web.Response:
-    return web.json_response(body, status=status)
+    # Exactly application/json (no charset): KServe's client reads the error message only then.
+    return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json")
+
+
+def _tensors(declared: tuple[tuple[str, str, tuple[int, ...]], ...], batch: bool = True) -> list[dict]:
+    return [{"name": name, "datatype": datatype, "shape": [-1, *shape] if batch else list(shape)}
+            for name, datatype, shape in declared]
 
 
 class Gateway:
@@ -230,12 +245,12 @@ class Gateway:
         return _json(200, {
             "name": model,
             "versions": list(self.upstream.versions),
-            "platform": "pytorch_torchscript",
-            "inputs": [
-                {"name": "image", "datatype": "BYTES", "shape": [-1]},
-                {"name": "pixels", "datatype": "FP32", "shape": [-1, 1, 28, 28]},
-            ],
-            "outputs": [{"name": "<input name>", "datatype": "BYTES", "shape": [-1]}],
+            "platform": V2_PLATFORM,
+            # Any input name is accepted; these are the datatypes and shapes an input may have.
+            "inputs": _tensors(V2_INPUTS, batch=False),
+            # One row per image; embedding and neighbour_ids only with the embedding option, error only
+            # when an image failed. The request parameter output_format=json gives JSON text per input instead.
+            "outputs": _tensors((*V2_OUTPUTS, *V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT)),
         })
 
     # --- inference -------------------------------------------------------------------------------------
@@ -244,21 +259,69 @@ class Gateway:
         model, _, verb = request.match_info["spec"].partition(":")
         if verb != "predict":
             return _json(404, {"error": f"unknown v1 verb {verb!r}: use /v1/models/{model}:predict"})
-        return await self._forward(request, f"/v1/models/{quote(model)}:predict")
+        try:
+            body = await self._body(request)
+            json_object(body, "KServe v1")
+        except ProtocolError as exc:
+            return _json(exc.status, {"error": str(exc)})
+        return await self._forward(request, f"/v1/models/{quote(model)}:predict", body, "application/json")
 
     async def v2_infer(self, request: web.Request) -> web.StreamResponse:
         model, version = request.match_info["model"], request.match_info.get("version")
         path = f"/predictions/{quote(model)}/{quote(version)}" if version else f"/v2/models/{quote(model)}/infer"
-        return await self._forward(request, path)
+        try:
+            raw = await self._body(request)
+            body, converted = read_v2(raw, request.headers.get(HEADER_LENGTH))
+        except ProtocolError as exc:
+            return _json(exc.status, {"error": str(exc)})
+        default, chosen = binary_outputs(body)
+        response = await self._forward(request, path, json.dumps(body).encode() if converted else raw,
+                                       "application/json")
+        if response.status != 200 or not (default or any(chosen.values())):
+            return response
+        try:
+            answer = json.loads(response.body)
+        except (TypeError, ValueError):
+            return response
+        payload, json_length = write_v2(answer, default, chosen)
+        if json_length is None:
+            return web.Response(status=200, body=payload, content_type="application/json")
+        return web.Response(status=200, body=payload, content_type="application/octet-stream",
+                            headers={HEADER_LENGTH: str(json_length)})
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The request body, gzip/deflate undone when the client compressed it (tritonclient can)."""
+        body = await request.read()
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding == "identity":
+            return body
+        if encoding not in ("gzip", "deflate"):
+            raise ProtocolError(f"Content-Encoding {ascii(encoding)[:40]} is not supported: use gzip, deflate "
+                                "or none", 415)
+        inflate = zlib.decompressobj(zlib.MAX_WBITS | (16 if encoding == "gzip" else 0))
+        limit = self.upstream.max_request_size
+        try:
+            out = inflate.decompress(body, limit + 1)
+        except zlib.error:
+            raise ProtocolError(f"the body is not valid {encoding} data") from None
+        if len(out) > limit:
+            raise ProtocolError(f"request body larger than {limit} bytes once decompressed", 413)
+        return out
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         return await self._forward(request, request.rel_url.raw_path)
 
-    async def _forward(self, request: web.Request, path: str) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, path: str, body: bytes | None = None,
+                       content_type: str | None = None) -> web.Response:
+        """Send the request on to TorchServe; `body` and `content_type` replace the client's when given."""
         assert self.session is not None
-        body = await request.read()
+        if body is None:
+            body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        if request.content_type == "application/x-www-form-urlencoded" and not body.isascii():
+        if content_type is not None:
+            headers = {k: v for k, v in headers.items() if k.lower() not in BODY_HEADERS}
+            headers["Content-Type"] = content_type
+        elif request.content_type == "application/x-www-form-urlencoded" and not body.isascii():
             # `curl --data-binary @digit.png` labels image bytes as a form; a urlencoded form is ASCII, and
             # TorchServe's form decoder answers 500 to anything else. Pass such a body on as what it is.
             headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
