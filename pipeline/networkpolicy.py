@@ -1,0 +1,88 @@
+"""The predictor's NetworkPolicy (deploy/kserve/networkpolicy.yaml) for a cluster's own namespace names.
+
+The shipped file lets the namespaces `monitoring` (Prometheus) and `knative-serving` (Knative's autoscaler and
+activator) reach the predictor's metrics and queue-proxy ports. Clusters name them otherwise; this writes the
+same policy with other names, checked against the NetworkPolicy schema (deploy/schemas), without kustomize:
+
+    python -m pipeline.networkpolicy --monitoring-namespace observability | kubectl -n models apply -f -
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from settings import REPO
+
+from .manifests import ManifestError, validate
+
+POLICY_FILE = REPO / "deploy" / "kserve" / "networkpolicy.yaml"
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+ISVC_LABEL = "serving.kserve.io/inferenceservice"
+DEFAULT_MONITORING = "monitoring"
+DEFAULT_KNATIVE = "knative-serving"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _namespace_peers(policy: dict) -> dict[str, list[dict]]:
+    """{namespace name: the matchLabels that select it} across the policy's ingress rules."""
+    peers: dict[str, list[dict]] = {}
+    for rule in policy["spec"]["ingress"]:
+        for peer in rule.get("from", []):
+            labels = peer.get("namespaceSelector", {}).get("matchLabels", {})
+            if NAMESPACE_LABEL in labels:
+                peers.setdefault(labels[NAMESPACE_LABEL], []).append(labels)
+    return peers
+
+
+def network_policy(monitoring_namespace: str = DEFAULT_MONITORING, knative_namespace: str = DEFAULT_KNATIVE,
+                   inference_service: str = "embedding", namespace: str = "", path: Path = POLICY_FILE) -> dict:
+    """The shipped policy with these namespace names and InferenceService, validated; ManifestError if invalid."""
+    for what, name in (("monitoring namespace", monitoring_namespace), ("Knative namespace", knative_namespace),
+                       *((("namespace", namespace),) if namespace else ())):
+        if not DNS_LABEL.match(name):
+            raise ManifestError(f"{what} {name!r} is not a DNS-1123 label")
+    if not DNS_1035.match(inference_service):
+        raise ManifestError(f"InferenceService name {inference_service!r} is not a DNS-1035 label")
+    policy = copy.deepcopy(yaml.safe_load(Path(path).read_text()))
+    peers = _namespace_peers(policy)
+    for default in (DEFAULT_MONITORING, DEFAULT_KNATIVE):
+        if default not in peers:
+            raise ManifestError(f"{path}: no ingress rule selects the namespace {default!r}")
+    for default, wanted in ((DEFAULT_MONITORING, monitoring_namespace), (DEFAULT_KNATIVE, knative_namespace)):
+        for labels in peers[default]:
+            labels[NAMESPACE_LABEL] = wanted
+    policy["spec"]["podSelector"]["matchLabels"][ISVC_LABEL] = inference_service
+    if namespace:
+        policy["metadata"]["namespace"] = namespace
+    validate(policy)
+    return policy
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.networkpolicy", description=__doc__.split("\n")[0])
+    parser.add_argument("--monitoring-namespace", default=DEFAULT_MONITORING,
+                        help="namespace of the Prometheus that scrapes the predictor (default %(default)s)")
+    parser.add_argument("--knative-namespace", default=DEFAULT_KNATIVE,
+                        help="Knative Serving's system namespace (default %(default)s)")
+    parser.add_argument("--inference-service", default="embedding", help="the InferenceService's name")
+    parser.add_argument("--namespace", default="", help="metadata.namespace (default: kubectl's -n)")
+    args = parser.parse_args(argv)
+    try:
+        policy = network_policy(args.monitoring_namespace, args.knative_namespace, args.inference_service,
+                                args.namespace)
+    except ManifestError as exc:
+        print(f"networkpolicy: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(yaml.safe_dump(policy, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
