@@ -29,7 +29,8 @@ def test_first_deploy_passes_and_records_once_the_revision_serves(cluster, archi
     cluster.ready_delay_s = 0.3
     deploy_version(archive, "1.0", 0.93)
     made = calls(cluster)
-    assert made[:4] == [("GET", f"{BASE}/embedding"), ("GET", "/api/v1/namespaces/models/persistentvolumeclaims/models"),
+    assert made[:4] == [("GET", f"{BASE}/embedding"),
+                        ("GET", "/api/v1/namespaces/models/persistentvolumeclaims/models"),
                         ("GET", f"{BASE}/embedding"), ("POST", BASE)]
     assert made[-2:] == [("GET", f"{RECORD}/embedding-deployed-model"), ("POST", RECORD)]
     assert all(r["headers"]["authorization"] == "Bearer runner-token" for r in cluster.requests)

@@ -65,6 +65,31 @@ def test_a_record_that_cannot_be_written_says_what_serves(cluster, archive, pvc)
         deploy_version(archive, "2.0", 0.95)
 
 
+def test_raw_deployment_mode_waits_for_the_deployment_rollout(cluster, archive, pvc):
+    """Raw mode's Ready is the Deployment's Available, which the old pod keeps True: only the Deployment's
+    rollout tells when the new version serves."""
+    cluster.mode = "RawDeployment"
+    deploy_version(archive, "1.0", 0.9)
+    cluster.reconcile_delay_s, cluster.ready_delay_s = 0.2, 0.4
+    deploy_version(archive, "2.0", 0.95)
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/2.0"
+    assert record(cluster)["current"] == entry("2.0", 0.95)
+    assert any(r["path"].startswith("/apis/apps/v1/namespaces/models/deployments/embedding-predictor")
+               for r in cluster.requests)
+
+
+def test_raw_deployment_mode_failure_is_the_deployments_progress_deadline(cluster, archive, pvc):
+    cluster.mode = "RawDeployment"
+    deploy_version(archive, "1.0", 0.9)
+    cluster.fail_revisions = "crash"
+    with pytest.raises(KServeError, match=r"^InferenceService models/embedding: rollout failed: Deployment "
+                                          r"models/embedding-predictor exceeded its progress deadline: ReplicaSet "
+                                          r'"embedding-predictor-2" has timed out progressing\.; spec put back on '
+                                          r"pvc://models/embedding/1\.0$"):
+        deploy_version(archive, "2.0", 0.95)
+    assert record(cluster)["current"] == entry("1.0", 0.9)
+
+
 # ---------------------------------------------------------------- pvc://
 
 
@@ -97,8 +122,8 @@ def test_a_claim_in_another_namespace_than_the_task_is_refused(cluster, archive,
 def test_reading_the_claim_needs_the_role(cluster, archive, pvc):
     cluster.role = {**cluster.role, "rules": [r for r in cluster.role["rules"]
                                               if "persistentvolumeclaims" not in r["resources"]]}
-    with pytest.raises(KServeError, match=r"^cannot read PersistentVolumeClaim models/models: 403 Forbidden: .* \(needs "
-                                          r"get on persistentvolumeclaims: deploy/kubeflow/rbac.yaml\)$"):
+    with pytest.raises(KServeError, match=r"^cannot read PersistentVolumeClaim models/models: 403 Forbidden: .* "
+                                          r"\(needs get on persistentvolumeclaims: deploy/kubeflow/rbac.yaml\)$"):
         deploy_version(archive, "1.0", 0.9)
 
 

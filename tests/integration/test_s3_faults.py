@@ -58,7 +58,8 @@ def isvc_writes(cluster) -> list[str]:
     ("drop", r"^s3://models: Connection was closed before we received a valid response from endpoint URL: "
              rf"\"http://127\.0\.0\.1:\d+/models/{MAR_KEY}\"\."),
 ])
-def test_a_failed_upload_ends_on_one_line_and_points_nothing_at_the_version(fault, message, faulty, cluster, archive, s3):
+def test_a_failed_upload_ends_on_one_line_and_points_nothing_at_the_version(fault, message, faulty, cluster, archive,
+                                                                           s3):
     faulty.fail(".mar", fault)
     with pytest.raises(KServeError, match=message + AFTER):
         deploy_1(archive)

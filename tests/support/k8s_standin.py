@@ -11,13 +11,16 @@ depends on it:
   rises on every write, the controller's status writes included. A PUT, or a patch, that carries a stale
   metadata.resourceVersion answers 409 Conflict; a PUT of a custom resource without one answers 422. Status
   sent to the main resource is ignored (status subresource).
-- KServe's controller (serverless mode), simulated from KServe 0.13-0.15's source: every change of the
-  InferenceService's spec, labels or annotations (KServe copies labels and annotations, less its disallowed
-  list, into the Knative revision template) makes a new revision `reconcile_delay_s` later; it becomes ready
-  `ready_delay_s` after that, or fails when `fail_revisions` is set (Ready False, reason RevisionFailed, as
-  Knative's Configuration reports it) and traffic stays on the last ready revision. status.observedGeneration
-  is the Knative Service's generation (one per revision template), as KServe copies it, not the
-  InferenceService's; no storageUri is reported in status.
+- KServe's controller, simulated from KServe 0.13-0.15's source: every change of the InferenceService's
+  spec, labels or annotations (KServe copies labels and annotations, less its disallowed list, into the
+  revision template) makes a new revision `reconcile_delay_s` later; it becomes ready `ready_delay_s` after
+  that, or fails when `fail_revisions` is set. status.observedGeneration is the Knative Service's or the
+  Deployment's generation (one per template), as KServe copies it, not the InferenceService's; no storageUri
+  is reported in status. Serverless (`mode`, the default): a failed revision is Ready False with reason
+  RevisionFailed, as Knative's Configuration reports it, and traffic stays on the last ready revision.
+  RawDeployment: the webhook's deploymentMode annotation, 0.13's status (latestCreatedRevision is the
+  Deployment's revision, Ready is its Available, True while old pods run), and the predictor Deployment at
+  apps/v1 (a rolling update; a failed revision ends in ProgressDeadlineExceeded).
 - RBAC: only the verbs the Role in deploy/kubeflow/rbac.yaml grants, in its namespace, else 403 (`forbidden`
   refuses everything); 401 for a wrong token.
 - Faults on demand: `fail_next(method, resource, code)` answers the next matching request with that code;
@@ -47,7 +50,8 @@ from settings import REPO
 ISVC = ("serving.kserve.io", "inferenceservices")
 PATH = re.compile(r"^/(?:apis/(?P<group>[^/]+)/(?P<version>[^/]+)|api/(?P<core>v1))/namespaces/(?P<namespace>[^/]+)/"
                   r"(?P<resource>[^/?]+)(?:/(?P<name>[^/?]+))?(?:\?.*)?$")
-SERVED = {ISVC: "v1beta1", ("", "configmaps"): "v1", ("", "persistentvolumeclaims"): "v1"}
+SERVED = {ISVC: "v1beta1", ("", "configmaps"): "v1", ("", "persistentvolumeclaims"): "v1",
+          ("apps", "deployments"): "v1"}
 #: KServe's default serviceAnnotationDisallowedList (pkg/constants): annotations not copied to revisions.
 NOT_PROPAGATED = ("autoscaling.knative.dev/min-scale", "autoscaling.knative.dev/max-scale",
                   "internal.serving.kserve.io/storage-initializer-sourceuri",
@@ -100,8 +104,9 @@ def shipped_role() -> dict:
 
 class KubernetesStandin:
     def __init__(self, token: str = "test-token", role: dict | None = None, reconcile_delay_s: float = 0.0,
-                 ready_delay_s: float = 0.0) -> None:
+                 ready_delay_s: float = 0.0, mode: str = "Serverless") -> None:
         self.token = token
+        self.mode = mode
         self.role = role if role is not None else shipped_role()
         self.reconcile_delay_s = reconcile_delay_s
         self.ready_delay_s = ready_delay_s
@@ -159,6 +164,16 @@ class KubernetesStandin:
         done = [r for r in created if now >= r["done_at"]]
         ready = [r for r in done if not r["fails"]]
         latest = created[-1]
+        if self.mode == "RawDeployment":
+            condition = ({"type": "Ready", "status": "True"} if ready else
+                         {"type": "Ready", "status": "False", "reason": "MinimumReplicasUnavailable"})
+            status = {"observedGeneration": len(created),
+                      "conditions": [{**condition, "type": "PredictorReady"},
+                                     {"type": "IngressReady", "status": "True"}, condition],
+                      "components": {"predictor": {"latestCreatedRevision": str(len(created))}}}
+            if ready:
+                status["url"] = f"http://{key[1]}.{key[0]}.example.com"
+            return status
         predictor: dict[str, Any] = {"latestCreatedRevision": latest["name"]}
         if latest in ready:
             condition = {"type": "Ready", "status": "True"}
@@ -187,12 +202,36 @@ class KubernetesStandin:
                     obj["metadata"]["resourceVersion"] = str(next(self._versions))
 
     def served_storage_uri(self, namespace: str, name: str) -> str | None:
-        """The storageUri of the revision traffic goes to (what a real cluster shows only in its pods)."""
-        with self._lock:
-            self._reconcile()
-            ready = self.objects[("inferenceservices", namespace, name)]["status"]["components"]["predictor"].get(
-                "latestReadyRevision")
-            return next((r["storageUri"] for r in self.revisions[(namespace, name)] if r["name"] == ready), None)
+        """The storageUri of the newest ready revision, where traffic goes (a real cluster shows it only in pods)."""
+        now = time.monotonic()
+        ready = [r for r in self.revisions.get((namespace, name), []) if now >= r["done_at"] and not r["fails"]]
+        return ready[-1]["storageUri"] if ready else None
+
+    def _deployment(self, namespace: str, name: str) -> dict | None:
+        """The predictor Deployment of raw mode: one replica, rolled by surge (the old pod runs until the new one
+        is available)."""
+        key = (namespace, name.removesuffix("-predictor"))
+        now = time.monotonic()
+        created = [r for r in self.revisions.get(key, []) if now >= r["created_at"]]
+        if self.mode != "RawDeployment" or not name.endswith("-predictor") or not created:
+            return None
+        latest, older = created[-1], [r for r in created[:-1] if now >= r["done_at"] and not r["fails"]]
+        done = now >= latest["done_at"]
+        progressing = ({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
+                       if done and not latest["fails"] else
+                       {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                        "message": f'ReplicaSet "{name}-{len(created)}" has timed out progressing.'}
+                       if done else {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"})
+        new_available = int(done and not latest["fails"])
+        old_running = int(bool(older) and not new_available)
+        return {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": name, "namespace": namespace, "generation": len(created),
+                             "resourceVersion": str(next(self._versions))},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": f"isvc.{name}"}},
+                         "template": {"metadata": {"labels": {"app": f"isvc.{name}"}},
+                                      "spec": {"containers": [{"name": "kserve-container", "image": "serving"}]}}},
+                "status": {"observedGeneration": len(created), "replicas": 1 + old_running, "updatedReplicas": 1,
+                           "availableReplicas": new_available + old_running, "conditions": [progressing]}}
 
     # ------------------------------------------------------------------ the API
 
@@ -240,6 +279,11 @@ class KubernetesStandin:
         if fault and fault["kind"] == "interfere" and (resource, namespace, name) in self.objects:
             self.objects[(resource, namespace, name)]["metadata"]["resourceVersion"] = str(next(self._versions))
         key = (resource, namespace, name or "")
+        if resource == "deployments" and method == "GET" and name:
+            deployment = self._deployment(namespace, name)
+            if deployment is None:
+                return 404, _status(404, "NotFound", f'{kind} "{name}" not found')
+            return 200, deployment
         if method == "GET" and name:
             if key not in self.objects:
                 return 404, _status(404, "NotFound", f'{kind} "{name}" not found')
@@ -253,6 +297,8 @@ class KubernetesStandin:
             obj.pop("status", None)
             if resource == "inferenceservices":
                 obj["metadata"]["generation"] = 1
+                if self.mode == "RawDeployment":  # KServe's defaulting webhook
+                    obj["metadata"].setdefault("annotations", {})["serving.kserve.io/deploymentMode"] = self.mode
                 self._new_revision((namespace, key[2]), obj)
             self.objects[key] = obj
             return 201, obj
