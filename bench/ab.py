@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from . import output
 from .env import cpu_model, load_average
 from .stats import median
 
@@ -29,7 +30,7 @@ CONCURRENCIES = (1, 16, 64)
 
 
 def run_bench(artifacts: Path, out: Path, trials: int, log=print) -> dict[str, Any]:
-    """One `python -m bench run` run (ceiling and REST, shipped configuration, no peers); its results.json."""
+    """One `python -m bench run` run (ceiling and REST, shipped configuration, no peers); its full record."""
     cmd = [sys.executable, "-m", "bench", "run", "--artifacts", str(artifacts), "--out", str(out), "--sections",
            "ceiling,rest", "--configs", "shipped", "--peers", "", "--concurrency",
            ",".join(map(str, CONCURRENCIES)), "--trials", str(trials)]
@@ -39,7 +40,7 @@ def run_bench(artifacts: Path, out: Path, trials: int, log=print) -> dict[str, A
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ABError(f"python -m bench on {artifacts} exited with {done.returncode}: {last}")
-    return json.loads((out / "results.json").read_text())
+    return json.loads(output.raw_path(out, "results").read_text())
 
 
 class ABError(Exception):
@@ -140,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
               "finished": datetime.now(UTC).isoformat(timespec="seconds"), "seconds": round(time.perf_counter() - t0),
               "load_start": load_start, "load_end": load_average()[0], "rows": compare(rounds)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"ab-{args.name}.json").write_text(json.dumps(result, indent=2))
-    (args.out / f"ab-{args.name}.md").write_text(markdown(result))
+    output.write(args.out, f"ab-{args.name}", result, markdown(result))
     print(markdown(result))
     return 0
 

@@ -14,7 +14,7 @@ Start-to-ready is timed from the start command until the readiness check answers
 0.1 s (container: ``podman run`` to ``/v2/health/ready``, 3 runs). Load is wrk (:mod:`bench.loadgen`)
 with the same bodies everywhere: PNG digits POSTed raw to /predictions/embedding, and KServe v1 JSON to
 /v1/models/embedding:predict; each server is warmed at c=16 until two consecutive 3 s windows agree
-within 5%. Writes bench/results/container.md and container.json. Build options for this kind of
+within 5%. Writes bench/results/container.md and container.summary.json (raw/container.json: the full record). Build options for this kind of
 machine (no registry, local wheels, TLS proxy) come from --build-args or $BUILD_IMAGES_ARGS.
 """
 
@@ -49,7 +49,7 @@ from serving.archive import build_mar
 from settings import DEFAULT_ARTIFACTS, MODEL_NAME, MODEL_VERSION, REPO
 from serving.server import free_ports
 
-from . import env
+from . import env, output
 from .run import DEFAULT_CACHE
 from .data import FASHION_DIR, serving_data
 from .loadgen import LoadError, WrkScript, run_wrk
@@ -518,15 +518,14 @@ def main(argv: list[str] | None = None) -> int:
             log(f"gallery {name}")
             results["galleries"][name] = run_gallery(name, images, args, Path(tmp))
             write(results, args.out, started)  # a later gallery's failure keeps this one's figures
-    log(f"wrote {args.out}/container.md and container.json in {results['duration_s']:.0f} s")
+    log(f"wrote {args.out}/container.md and container.summary.json in {results['duration_s']:.0f} s")
     return 0
 
 
 def write(results: dict, out: Path, started: float) -> None:
     results["load_end"] = load()
     results["duration_s"] = round(time.time() - started, 1)
-    (out / "container.json").write_text(json.dumps(results, indent=1, default=str))
-    (out / "container.md").write_text(markdown(results))
+    output.write(out, "container", results, markdown(results))
 
 
 if __name__ == "__main__":

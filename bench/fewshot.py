@@ -29,6 +29,8 @@ import numpy as np
 
 from settings import DEFAULT_DATA_SOURCE
 
+from . import output
+
 if TYPE_CHECKING:
     from training.data import Dataset
 
@@ -157,10 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = {"command": "python -m bench fewshot " + " ".join(argv if argv is not None else sys.argv[1:]),
               "data": args.data, "seeds": runs, "spread": spread(runs), "machine": {"start": load_start, "end": machine()}}
-    text = "\n".join([report_head(result), *(report(r) for r in runs)])
+    text = markdown(result)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fewshot.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "fewshot.md").write_text(text)
+    output.write(args.out, "fewshot", result, text)
     print(text)
     return 0
 
@@ -177,6 +178,11 @@ def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "new_flagged_before": span([r["before"]["new"]["unknown"] for r in runs]),
             "new_unknown_after": span([r["summary"]["new_unknown_after"]["mean"] for r in runs]),
             "ceiling_new_accuracy": span([r["after"][-1]["new"]["accuracy"] for r in runs])}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """fewshot.md: the summary over seeds, then each seed's report."""
+    return "\n".join([report_head(result), *(report(r) for r in result["seeds"])])
 
 
 def report_head(result: dict[str, Any]) -> str:

@@ -20,7 +20,6 @@ CTest, so a script can tell "no GPU here" from a failure); 1 the artifacts could
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -39,6 +38,7 @@ from handler.service import EmbeddingService
 
 from serving.samples import user_digit_png
 
+from . import output
 from .data import REQUEST_SCALE, photo_jpeg
 
 NO_GPU_EXIT = 77
@@ -290,9 +290,9 @@ def main(argv: list[str] | None = None) -> int:
               "duration_s": args.duration, "environment": environment(args.device), "parity": par,
               "throughput": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(markdown(result))
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    out, name = args.out.parent, args.out.stem
+    raw = output.write(out, name, result, markdown(result))
+    print(f"wrote {out / (name + '.md')}, {output.summary_path(out, name)} and {raw}")
     return 0 if par["equal"] else MISMATCH_EXIT
 
 

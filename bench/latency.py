@@ -17,7 +17,7 @@ from minute to minute, so this study does not measure one configuration after an
   median paired ratio to shipped is >= 1 - that band.
 
 Server CPU is split per role (the Java frontend vs the Python workers) from psutil over each trial.
-Writes latency.json and latency.md into --out.
+Writes latency.md and latency.summary.json into --out (raw/latency.json: the full record).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import psutil
 
 from settings import DEFAULT_ARTIFACTS, cache_root
 
-from . import env
+from . import env, output
 from .data import serving_data
 from .loadgen import WrkScript, run_wrk
 from .stats import summarize
@@ -296,22 +296,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--request-images", type=int, default=256)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--name", default="latency", help="output file stem (default latency)")
-    p.add_argument("--render", type=Path, default=None, help="only re-analyse this JSON and rewrite its .md")
+    p.add_argument("--render", type=Path, default=None, help="only re-analyse this full record (OUT/raw/NAME.json): rewrite OUT/NAME.md and .summary.json")
     return p.parse_args(argv)
 
 
-def finish(result: dict[str, Any], json_path: Path) -> None:
+def finish(result: dict[str, Any], out: Path, name: str) -> None:
     trials = {n: {int(c): ts for c, ts in by_c.items()} for n, by_c in result["trials"].items()}
     result["rows"] = analyse(trials, result["settings"]["concurrencies"])
     result["noise_band"] = noise_band(result["rows"])
     result["verdicts"] = verdicts(result["rows"], result["noise_band"])
-    json_path.write_text(json.dumps(result, indent=1, default=str))
-    json_path.with_suffix(".md").write_text(markdown(result))
+    output.write(out, name, result, markdown(result))
 
 
-def render(json_path: Path) -> int:
-    finish(json.loads(json_path.read_text()), json_path)
-    log(f"rewrote {json_path.with_suffix('.md')}")
+def render(raw: Path) -> int:
+    """Re-analyse a full record (OUT/raw/NAME.json) and rewrite OUT/NAME.md and NAME.summary.json."""
+    out = raw.parent.parent if raw.parent.name == output.RAW_DIR else raw.parent
+    finish(json.loads(raw.read_text()), out, raw.stem)
+    log(f"rewrote {out / raw.stem}.md and {output.summary_path(out, raw.stem)}")
     return 0
 
 
@@ -387,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     result["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     result["duration_s"] = round(time.time() - started, 1)
     result["trials"] = trials
-    finish(result, args.out / f"{args.name}.json")
-    log(f"wrote {args.out}/{args.name}.md and .json in {result['duration_s']:.0f} s")
+    finish(result, args.out, args.name)
+    log(f"wrote {args.out}/{args.name}.md and .summary.json in {result['duration_s']:.0f} s")
     for name, v in result["verdicts"].items():
         log(f"  {name}: c=1 p50/no-batching {v['c1_p50_over_no_batching']:.2f}, c=16 req/s/shipped "
             f"{v['c16_throughput_over_shipped']:.3f} -> {'MEETS' if v['meets'] else 'misses'}")

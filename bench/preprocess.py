@@ -9,7 +9,7 @@ which goes first), on two corpora made from held-out MNIST digits:
   a lighting gradient, noise and a colour cast).
 
 It also times decoding alone (Image.open + load: the floor no preprocessing change removes) and checks that
-both implementations give identical tensors on every image. Writes preprocess.json and preprocess.md.
+both implementations give identical tensors on every image. Writes preprocess.md and preprocess.summary.json (raw/preprocess.json: the full record).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from PIL import Image
 
 from handler import preprocessing as current
 
+from . import output
 from . import preprocess_v1 as v1
 from serving.samples import user_digit_png
 
@@ -188,7 +189,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench preprocess", description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("bench/results"), help="directory for preprocess.json/.md")
+    p.add_argument("--out", type=Path, default=Path("bench/results"), help="directory for preprocess.md/.summary.json (and raw/)")
     p.add_argument("--png", type=int, default=256, help="PNG bodies (default 256)")
     p.add_argument("--jpeg", type=int, default=64, help="JPEG photos (default 64)")
     p.add_argument("--reps", type=int, default=7, help="interleaved passes per implementation (default 7)")
@@ -214,9 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"unknown v1 {row['v1_unknown_rate']:.4f} current {row['current_unknown_rate']:.4f}  "
                   f"changed predictions {row['changed_predictions']}/{row['images']}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "preprocess.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "preprocess.md").write_text(markdown(result))
-    print(f"wrote {args.out / 'preprocess.json'} and {args.out / 'preprocess.md'}; load {load_before} -> "
+    output.write(args.out, "preprocess", result, markdown(result))
+    print(f"wrote {args.out / 'preprocess.md'} and {output.summary_path(args.out, 'preprocess')}; load {load_before} -> "
           f"{result['load_after']}")
     return 0
 

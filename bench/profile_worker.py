@@ -5,13 +5,12 @@ It starts the shipped configuration (its own .mar and TorchServe, as `python -m 
 at c=16 until two 3 s windows agree within 5% (at least 15 s), then samples every Python worker with
 py-spy (`record --format raw --nonblocking`: the worker is never paused) during one wrk run. Each sample is
 put in the first stage of STAGES whose frames it holds. Over the same run psutil gives the CPU of the Java
-frontend and of the workers, and wrk its own: the two cores' budget. Writes worker-profile.json and .md.
+frontend and of the workers, and wrk its own: the two cores' budget. Writes worker-profile.md and .summary.json (raw/worker-profile.json: the full record).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import psutil
 from serving.server import ServerError
 from settings import DEFAULT_ARTIFACTS, cache_root
 
-from . import env
+from . import env, output
 from .data import serving_data
 from .latency import Server, uptime
 from .loadgen import exit_cpu_seconds
@@ -185,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     result["label"] = cfg.label
     result["load"]["end"] = uptime()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "worker-profile.json").write_text(json.dumps(result, indent=2))
-    (args.out / "worker-profile.md").write_text(render(result))
+    output.write(args.out, "worker-profile", result, render(result))
     print(render(result))
     return 0
 

@@ -1,8 +1,8 @@
 """`python -m bench [run] --out bench/results [--quick]`: serving throughput and latency against the in-process ceiling and
 peer servers, gallery search, batching configurations and cold start, side by side, in one run.
 
-Writes results.json (all figures, medians over trials with min-max), results.md (tables, targets
-met or missed) and PNG plots into --out. The full run takes about 15 minutes on 2 cores (designed
+Writes results.md (tables, targets met or missed), results.summary.json (every figure: median, min and max
+over trials), PNG plots and the full record raw/results.json into --out. The full run takes about 15 minutes on 2 cores (designed
 for at most 20) and should run on a quiet machine: the report records the load average before and
 after. The first full run on a machine also builds the 60k Fashion-MNIST artifacts (a few minutes,
 cached in --cache-dir, not part of any figure). --quick takes well under a minute and only checks
@@ -27,7 +27,7 @@ from serving.archive import ArchiveError
 from settings import DEFAULT_ARTIFACTS, cache_root
 from serving.server import ServerError, free_ports
 
-from . import ceiling, coldstart, env, gallery, report
+from . import ceiling, coldstart, env, gallery, output, report
 from .data import FASHION_DIR, ServingData, embed_images, gallery_vectors, serving_data
 from .grpc_load import GrpcLoad, GrpcUnavailable
 from .loadgen import LoadError, WrkScript, run_wrk
@@ -334,9 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     results["load_average"] = {"start": load_start, "end": env.load_average()}
     results["targets"] = report.targets(results)
     results["plots"] = report.plots(results, args.out)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    (args.out / "results.md").write_text(report.markdown(results))
-    log(f"wrote {args.out}/results.md, results.json and {len(results['plots'])} plots in {results['duration_s']:.0f} s")
+    output.write(args.out, "results", results, report.markdown(results))
+    log(f"wrote {args.out}/results.md, results.summary.json, {len(results['plots'])} plots and "
+        f"{output.raw_path(args.out, 'results')} in {results['duration_s']:.0f} s")
     return 0
 
 

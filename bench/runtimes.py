@@ -17,7 +17,7 @@ accepted and Fashion-MNIST AUROC / share flagged at the recorded threshold (trai
 int8 the gallery (and class prototypes) are re-embedded with the int8 model, and a threshold recalibrated on its
 own held-out scores (as training would record) is reported beside the recorded one.
 
-Writes runtimes.json and runtimes.md into --out. The artifacts must hold model.onnx (trained with onnx installed).
+Writes runtimes.md and runtimes.summary.json into --out (raw/runtimes.json: the full record). The artifacts must hold model.onnx (trained with onnx installed).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from handler.search import GallerySearcher, class_prototypes
 from handler.service import EmbeddingService
 from training.quantize import static_int8
 
+from . import output
 from .stats import fmt, mid, summarize
 
 BATCHES = (1, 8, 64)
@@ -485,9 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     result["decision"] = decide(rows, accuracy)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "runtimes.json").write_text(json.dumps(result, indent=2))
     text = markdown(result)
-    (args.out / "runtimes.md").write_text(text)
+    output.write(args.out, "runtimes", result, text)
     print(text)
     return 0
 

@@ -6,14 +6,13 @@
 Requests are sent on a fixed schedule (request i at start + i/rate) by a thread pool, whatever the answers'
 latency, and latency is measured from the scheduled time, so a stalled server shows up as latency instead of
 as a lower request rate. RSS of the frontend (the java process) and of each worker (its children) is sampled
-every --rss-interval-s. Writes soak.json and soak.md to --out; exits 0 when errors == 0 and the RSS growth
+every --rss-interval-s. Writes soak.md, soak.summary.json and raw/soak.json to --out; exits 0 when errors == 0 and the RSS growth
 after warm-up is under --max-rss-growth-pct, 1 when a target is missed, 2 when the run could not start.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import threading
@@ -27,6 +26,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import psutil
 
+from bench import output
 from bench.procs import ProcessTree
 from bench.stats import percentiles_ms
 from bench.torchserve import worker_role
@@ -233,9 +233,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rss-interval-s", type=float, default=1.0)
     p.add_argument("--max-rss-growth-pct", type=float, default=5.0)
     p.add_argument("--timeout-s", type=float, default=30.0, help="per request")
-    p.add_argument("--keep-samples", action="store_true", help="store every request in soak.json")
+    p.add_argument("--keep-samples", action="store_true", help="store every request in raw/soak.json")
     p.add_argument("--out", type=Path, default=Path("logs/soak"),
-                   help="directory for soak.json, soak.md and (with --model-store) the server's logs")
+                   help="directory for soak.md, soak.summary.json, raw/soak.json and (with --model-store) the server's logs")
     args = p.parse_args(argv)
     if args.duration_s <= 0 or args.rate <= 0 or args.window_s <= 0 or args.concurrency < 1:
         p.error("--duration-s, --rate, --window-s and --concurrency must be positive")
@@ -274,8 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if instance is not None:
             stop(instance)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "soak.json").write_text(json.dumps(report, indent=2))
-    (args.out / "soak.md").write_text(markdown(report))
+    output.write(args.out, "soak", report, markdown(report))
     totals, growth = report["totals"], report["rss"]["growth_pct"]
     print(f"soak: {totals['requests']} requests, {totals['errors']} errors, p50 {totals['p50_ms']} ms, "
           f"p99 {totals['p99_ms']} ms, RSS growth after warm-up {growth['total']}% "

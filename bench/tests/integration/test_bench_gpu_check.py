@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -49,15 +48,15 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_77(tiny_artifacts, tmp_p
     assert done.returncode == gpu_check.NO_GPU_EXIT == 77
     lines = (done.stdout + done.stderr).splitlines()
     assert len(lines) == 1 and "no CUDA device" in lines[0], lines
-    assert not out.exists() and not out.with_suffix(".json").exists()
+    assert not out.exists() and not out.with_name("raw").exists() and not out.with_suffix(".summary.json").exists()
 
 
-def test_cpu_run_imports_only_torch_faiss_numpy_pillow_and_handler(tiny_artifacts, tmp_path):
+def test_cpu_run_imports_only_torch_faiss_numpy_pillow_and_handler(tiny_artifacts, tmp_path, written):
     out = tmp_path / "results" / "gpu.md"
     done = run_check("--artifacts", str(tiny_artifacts), "--out", str(out), "--device", "cpu", "--png", "24",
                      "--jpeg", "8", "--batches", "1,8", "--duration", "0.05", block=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    result = json.loads(out.with_suffix(".json").read_text())
+    result = written(out.parent, "gpu", gpu_check.markdown)
     assert result["parity"]["equal"] and result["parity"]["images"] == 32
     assert {(r["batch"], r["preprocessing"]) for r in result["throughput"]} == {(1, True), (8, True), (1, False),
                                                                                  (8, False)}

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 from bench import preprocess
 
 
-def test_preprocess_bench_writes_json_and_markdown(tmp_path, tiny_artifacts):
+def test_preprocess_bench_writes_json_and_markdown(tmp_path, tiny_artifacts, written):
     assert preprocess.main(["--out", str(tmp_path), "--png", "6", "--jpeg", "3", "--reps", "2",
                             "--artifacts", str(tiny_artifacts), "--accuracy-images", "20"]) == 0
-    result = json.loads((tmp_path / "preprocess.json").read_text())
+    result = written(tmp_path, "preprocess", preprocess.markdown)
     rows = {row["corpus"]: row for row in result["rows"]}
     assert set(rows) == set(preprocess.CORPORA)
     assert rows["png"]["images"] == 6 and rows["jpeg-photo"]["images"] == 3

@@ -3,7 +3,6 @@ the handler's stages (no timing assertions)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -11,12 +10,13 @@ import sys
 
 import pytest
 
+from bench import profile_worker
 from settings import REPO
 
 pytestmark = pytest.mark.serving
 
 
-def test_profile_of_a_real_server(tmp_path, tiny_artifacts):
+def test_profile_of_a_real_server(tmp_path, tiny_artifacts, written):
     assert shutil.which("wrk"), "wrk is not installed: ./scripts/system-deps.sh installs it"
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -26,7 +26,7 @@ def test_profile_of_a_real_server(tmp_path, tiny_artifacts):
     if done.returncode != 0 and "py-spy could not sample" in done.stderr:
         pytest.skip(f"py-spy may not attach here (ptrace restricted): {done.stderr.strip()[-300:]}")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    result = json.loads((out / "worker-profile.json").read_text())
+    result = written(out, "worker-profile", profile_worker.render)
     run = result["run"]
     assert run["errors"] == 0 and run["throughput"] > 0 and run["workers"] == 2
     stages = run["stages"]

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from settings import REPO
 from PIL import Image
+
+from bench import report
+from bench.output import raw_path
+from settings import REPO
 
 pytestmark = pytest.mark.serving
 
@@ -40,8 +43,8 @@ def _is_summary(value: dict) -> bool:
     return SUMMARY_KEYS <= set(value)
 
 
-def test_json_schema(quick_run):
-    results = json.loads((quick_run / "results.json").read_text())
+def test_json_schema(quick_run, written):
+    results = written(quick_run, "results", report.markdown)
     assert TOP_KEYS <= set(results), TOP_KEYS - set(results)
     assert results["mode"] == "quick"
     assert results["machine"]["cpu_model"] and results["machine"]["logical_cores"] >= 1
@@ -76,12 +79,12 @@ def test_markdown_has_tables(quick_run):
                     "## 6. Cold start", "## 7. Memory"):
         assert heading in text, heading
     assert len(re.findall(r"^\|---(\|---)+\|$", text, flags=re.MULTILINE)) >= 6
-    machine = json.loads((quick_run / "results.json").read_text())["machine"]
+    machine = json.loads(raw_path(quick_run, "results").read_text())["machine"]
     assert f"- Machine: {machine['cpu_model']}, {machine['logical_cores']} logical" in text
 
 
 def test_plots_open(quick_run):
-    results = json.loads((quick_run / "results.json").read_text())
+    results = json.loads(raw_path(quick_run, "results").read_text())
     assert {"throughput.png", "latency_p99.png", "ceiling.png", "gallery.png", "memory.png"} <= set(results["plots"])
     for name in results["plots"]:
         with Image.open(quick_run / name) as image:

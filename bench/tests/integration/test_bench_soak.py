@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 from support.hostile import wait_for_workers
 
+from bench import soak
 from settings import REPO
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
 
 
-def test_short_soak_writes_well_formed_results_without_errors(torchserve, tmp_path):
+def test_short_soak_writes_well_formed_results_without_errors(torchserve, tmp_path, written):
     wait_for_workers(torchserve, 2)
     out = tmp_path / "soak"
     result = subprocess.run(
@@ -22,7 +22,7 @@ def test_short_soak_writes_well_formed_results_without_errors(torchserve, tmp_pa
          "--url", torchserve.endpoints.inference, "--key-file", str(torchserve.key_file), "--out", str(out)],
         capture_output=True, text=True, env=ENV, cwd=REPO, timeout=120)
     assert result.returncode in (0, 1), result.stderr  # 1 = a target missed; the figures are checked below
-    report = json.loads((out / "soak.json").read_text())
+    report = written(out, "soak", soak.markdown)
     assert report["totals"]["requests"] == 80 and report["totals"]["errors"] == 0
     windows = report["windows"]
     assert [w["index"] for w in windows] == [0, 1, 2, 3]

@@ -4,8 +4,6 @@ drawn images of 8 and 9, and measures on the data's own held-out split."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from PIL import Image
@@ -24,9 +22,9 @@ def tiny_run(tmp_path_factory):
     return root, argv, arrays
 
 
-def test_trains_on_0_to_7_of_the_given_data_and_measures_on_its_held_out_split(tiny_run):
+def test_trains_on_0_to_7_of_the_given_data_and_measures_on_its_held_out_split(tiny_run, written):
     root, _, arrays = tiny_run
-    result = json.loads((root / "out" / "fewshot.json").read_text())
+    result = written(root / "out", "fewshot", fewshot.markdown)
     assert result["data"] == f"idx:{root / 'idx'}"
     (seed,) = result["seeds"]
     labels = arrays["test_labels"]
