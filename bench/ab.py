@@ -4,7 +4,7 @@
 Each round runs `python -m bench run --sections ceiling,rest --configs shipped` on both, in separate processes, A first
 in even rounds and B first in odd ones (A B B A ...), so a slow stretch of the shared machine, or load that builds
 up over the run, hits both sides alike. Per figure it reports each side's median
-over rounds and the median of the per-round ratios B / A. Writes ab-NAME.json and ab-NAME.md into --out; each
+over rounds and the median of the per-round ratios B / A. Writes ab-NAME.md and ab-NAME.summary.json into --out (raw/ab-NAME.json: the full record); each
 bench run's own results stay under --work.
 """
 

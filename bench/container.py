@@ -14,8 +14,9 @@ Start-to-ready is timed from the start command until the readiness check answers
 0.1 s (container: ``podman run`` to ``/v2/health/ready``, 3 runs). Load is wrk (:mod:`bench.loadgen`)
 with the same bodies everywhere: PNG digits POSTed raw to /predictions/embedding, and KServe v1 JSON to
 /v1/models/embedding:predict; each server is warmed at c=16 until two consecutive 3 s windows agree
-within 5%. Writes bench/results/container.md and container.summary.json (raw/container.json: the full record). Build options for this kind of
-machine (no registry, local wheels, TLS proxy) come from --build-args or $BUILD_IMAGES_ARGS.
+within 5%. Writes bench/results/container.md and container.summary.json (raw/container.json: the full
+record). Build options for this kind of machine (no registry, local wheels, TLS proxy) come from --build-args or
+$BUILD_IMAGES_ARGS.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ only of --data (the bundled MNIST sample by default; any `python -m training --d
 such as `download:mnist` or `idx:DIR` for the full MNIST), then enrolls 8 and 9 from --shots training images each
 with `python -m training enroll` (training.enroll.enroll_artifacts), and reports, on that data's held-out split:
 accuracy on 8 and 9 after enrollment, accuracy on 0-7 before and after, and the share of held-out 8s and 9s
-answered `unknown` at the open-set operating point before (and after) enrollment. Writes fewshot.json and
-fewshot.md into --out. Base models are cached under --work (training takes minutes, enrollment seconds).
+answered `unknown` at the open-set operating point before (and after) enrollment. Writes fewshot.md and
+fewshot.summary.json into --out (raw/fewshot.json: the full record). Base models are cached under --work (training takes minutes, enrollment seconds).
 """
 
 from __future__ import annotations

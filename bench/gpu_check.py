@@ -5,7 +5,8 @@ Loads the artifacts twice in the project's service (handler.service.EmbeddingSer
 and 640x480 JPEG photos of digits) and checks that the answers are the CPU's: the same label, unknown flag and
 neighbour labels, and distances within DISTANCE_TOLERANCE. Then it measures images/s at batch 1, 8, 64 and 256
 with preprocessing in (`answer()` on request bytes) and out (embed + k-NN search of ready tensors) on both
-devices, prints a table and writes the markdown to --out and the JSON beside it, with the card, torch, CUDA and
+devices, prints a table and writes the markdown to --out, NAME.summary.json beside it and the
+full record to raw/NAME.json there, with the card, torch, CUDA and
 cuDNN versions.
 
 It imports nothing but torch, faiss-cpu, numpy, Pillow, the standard library and the project's handler/ (plus

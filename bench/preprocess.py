@@ -9,7 +9,8 @@ which goes first), on two corpora made from held-out MNIST digits:
   a lighting gradient, noise and a colour cast).
 
 It also times decoding alone (Image.open + load: the floor no preprocessing change removes) and checks that
-both implementations give identical tensors on every image. Writes preprocess.md and preprocess.summary.json (raw/preprocess.json: the full record).
+both implementations give identical tensors on every image. Writes preprocess.md and preprocess.summary.json
+(raw/preprocess.json: the full record).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ It starts the shipped configuration (its own .mar and TorchServe, as `python -m 
 at c=16 until two 3 s windows agree within 5% (at least 15 s), then samples every Python worker with
 py-spy (`record --format raw --nonblocking`: the worker is never paused) during one wrk run. Each sample is
 put in the first stage of STAGES whose frames it holds. Over the same run psutil gives the CPU of the Java
-frontend and of the workers, and wrk its own: the two cores' budget. Writes worker-profile.md and .summary.json (raw/worker-profile.json: the full record).
+frontend and of the workers, and wrk its own: the two cores' budget. Writes worker-profile.md and
+worker-profile.summary.json (raw/worker-profile.json: the full record).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ accepted and Fashion-MNIST AUROC / share flagged at the recorded threshold (trai
 int8 the gallery (and class prototypes) are re-embedded with the int8 model, and a threshold recalibrated on its
 own held-out scores (as training would record) is reported beside the recorded one.
 
-Writes runtimes.md and runtimes.summary.json into --out (raw/runtimes.json: the full record). The artifacts must hold model.onnx (trained with onnx installed).
+Writes runtimes.md and runtimes.summary.json into --out (raw/runtimes.json: the full record). The artifacts
+must hold model.onnx (trained with onnx installed).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
 Requests are sent on a fixed schedule (request i at start + i/rate) by a thread pool, whatever the answers'
 latency, and latency is measured from the scheduled time, so a stalled server shows up as latency instead of
 as a lower request rate. RSS of the frontend (the java process) and of each worker (its children) is sampled
-every --rss-interval-s. Writes soak.md, soak.summary.json and raw/soak.json to --out; exits 0 when errors == 0 and the RSS growth
-after warm-up is under --max-rss-growth-pct, 1 when a target is missed, 2 when the run could not start.
+every --rss-interval-s. Writes soak.md, soak.summary.json and raw/soak.json to --out; exits 0 when errors == 0
+and the RSS growth after warm-up is under --max-rss-growth-pct, 1 when a target is missed, 2 when the run could not start.
 """
 
 from __future__ import annotations
