@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# Create build/kserve-storage-venv with KServe's storage-initializer code (requirements-kserve-storage.txt).
-# Its pins conflict with kfp's, so it never shares .venv. Idempotent: reinstalls only when the pins changed.
-# Prints the venv's python on success.
+# Usage: scripts/kserve-storage-venv.sh [REQUIREMENTS]   (default requirements-kserve-storage.txt)
+# Create a virtual environment holding exactly the pins of REQUIREMENTS (installed with --no-deps) under
+# build/venvs/<name>-<sha256 of the file>, and print its python. Used for KServe's storage-initializer code (one
+# file per KServe version: their pins conflict with kfp's and with each other) and the loopback GCS emulator.
+# Cached: while the file is unchanged a second call only prints the path. A venv counts as complete only once its
+# .complete stamp is written (last), so an interrupted install is redone; a lock serialises concurrent callers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=build/kserve-storage-venv
+REQ=${1:-requirements-kserve-storage.txt}
 PY=${PYTHON:-python3}
-want=$(sha256sum requirements-kserve-storage.txt | cut -d' ' -f1)
-if [ "$(cat "$VENV/.deps-stamp" 2>/dev/null)" != "$want" ]; then
+[ -f "$REQ" ] || { echo "kserve-storage-venv: $REQ: no such requirements file" >&2; exit 1; }
+hash=$(sha256sum "$REQ" | cut -c1-16)
+name=$(basename "$REQ" .txt)
+mkdir -p build/venvs
+VENV=build/venvs/$name-$hash
+exec 9>"build/venvs/.$name.lock"
+flock 9
+if [ ! -f "$VENV/.complete" ]; then
   rm -rf "$VENV"
+  for old in build/venvs/"$name"-????????????????; do  # earlier pins of the same file
+    [ -d "$old" ] && rm -rf "$old"
+  done
   "$PY" -m venv "$VENV" >&2 || { echo "kserve-storage-venv: could not create $VENV" >&2; exit 1; }
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
-    -r requirements-kserve-storage.txt >&2 2> >(grep -v '^WARNING: Location' >&2) \
-    || { echo "kserve-storage-venv: pip install failed (see above)" >&2; exit 1; }
-  echo "$want" > "$VENV/.deps-stamp"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$REQ" \
+    2> >(grep -v '^WARNING: Location' >&2) >&2 \
+    || { echo "kserve-storage-venv: pip install -r $REQ failed (see above)" >&2; exit 1; }
+  touch "$VENV/.complete"
 fi
 echo "$PWD/$VENV/bin/python"

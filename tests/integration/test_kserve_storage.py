@@ -1,12 +1,18 @@
 """Publishing the KServe model store: S3 (a real S3 API server on loopback) read back by KServe's own storage
-code, a mounted PVC, and the refusals (local paths for a cluster, missing credentials) on one line."""
+code, a mounted PVC, and the refusals (local paths for a cluster, missing credentials) on one line.
+
+The read-back runs the storage code of the oldest and the newest KServe the project supports (support/kserve_versions:
+0.13.1 inside the kserve package, kserve-storage 0.21.0), each in its own environment and given only the S3
+variables that release reads, as checked against its installed source here."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from support.s3server import client_env, files, kserve_download, s3_server
+import yaml
+from support.kserve_versions import BOTOCORE_ENV, VERSIONS, download, installed, s3_settings_in, storage_config
+from support.s3server import EXAMPLE_SECRET, client_env, files, s3_server, storage_initializer_env
 
 from pipeline.kserve import KServeError, KServeTarget, deploy
 
@@ -23,21 +29,65 @@ def s3():
         yield endpoint
 
 
-def test_s3_publish_is_read_back_by_kserve_storage(model_store, s3, tmp_path, monkeypatch):
-    for key, value in client_env(s3).items():
-        monkeypatch.setenv(key, value)
-    mar = model_store / "embedding.mar"
-    result = deploy(mar, "embedding", "1.0", KServeTarget(namespace="models", storage_uri="s3://models/embedding"), dry_run=True)
-    uri = result.manifest["spec"]["predictor"]["model"]["storageUri"]
-    assert uri == "s3://models/embedding/1.0" and result.location == uri
+@pytest.fixture(scope="module")
+def published(model_store, s3):
+    """The model store deployed (dry run) to s3://models/embedding/1.0, once for every release's read-back."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for key, value in client_env(s3).items():
+            monkeypatch.setenv(key, value)
+        result = deploy(model_store / "embedding.mar", "embedding", "1.0",
+                        KServeTarget(namespace="models", storage_uri="s3://models/embedding"), dry_run=True)
+    return result
+
+
+def test_s3_publish_writes_the_versioned_layout(published):
+    uri = published.manifest["spec"]["predictor"]["model"]["storageUri"]
+    assert uri == "s3://models/embedding/1.0" and published.location == uri
+
+
+@pytest.mark.parametrize("release", VERSIONS, ids=[r.version for r in VERSIONS])
+def test_release_reads_the_s3_settings_in_the_table(release):
+    """The table in support/kserve_versions was written from each release's source; the installed module agrees."""
+    version, module_file = installed(release)
+    assert version == release.version
+    assert s3_settings_in(module_file.read_text()) == (release.s3_env, release.storage_config)
+
+
+def release_env(release, s3) -> dict[str, str]:
+    """What KServe's controller derives from the example S3 Secret, less the variables this release never reads."""
+    (secret, _) = [d for d in yaml.safe_load_all(EXAMPLE_SECRET.read_text()) if d]
+    full = storage_initializer_env(secret, s3)
+    return {k: v for k, v in full.items() if k in release.s3_env | BOTOCORE_ENV | {"PATH", "HOME", "TMPDIR"}}
+
+
+@pytest.mark.parametrize("release", VERSIONS, ids=[r.version for r in VERSIONS])
+def test_s3_publish_is_read_back_by_kserve_storage(release, published, model_store, s3, tmp_path):
+    env = release_env(release, s3)
+    assert {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(env)
+    assert "S3_ENDPOINT" not in env and "S3_USE_HTTPS" not in env  # set by the controller, read by neither release
     out = tmp_path / "mnt-models"
     out.mkdir()
-    download = kserve_download(uri, out, s3)
-    assert download.returncode == 0, download.stderr[-2000:]
+    result = download(release, published.location, out, env)
+    assert result.returncode == 0, result.stderr[-2000:]
     assert files(out) == LAYOUT
-    assert (out / "model-store/embedding.mar").read_bytes() == mar.read_bytes()
+    assert (out / "model-store/embedding.mar").read_bytes() == (model_store / "embedding.mar").read_bytes()
     props = (out / "config/config.properties").read_text()
     assert '"embedding":{"1.0"' in props
+
+
+@pytest.mark.parametrize("release", VERSIONS, ids=[r.version for r in VERSIONS])
+def test_storage_spec_json_is_read_back_by_kserve_storage(release, published, s3, tmp_path):
+    """An InferenceService `storage:` spec reaches the initializer as STORAGE_CONFIG, with no AWS_* variables."""
+    values = client_env(s3)
+    spec = storage_config(release, {name: values[name] for name in
+                                    ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                     "AWS_DEFAULT_REGION")})
+    env = {k: v for k, v in release_env(release, s3).items() if k in ("PATH", "HOME", "TMPDIR")}
+    out = tmp_path / "mnt-models"
+    out.mkdir()
+    result = download(release, published.location, out, {**env, "STORAGE_CONFIG": spec})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert files(out) == LAYOUT
 
 
 def test_s3_errors_are_one_line_and_name_no_secret(model_store, s3, monkeypatch):
