@@ -1,4 +1,5 @@
-"""`python -m pipeline compile|submit|run-local`: build, submit or run the Kubeflow pipeline."""
+"""`python -m pipeline compile|submit|run-local|runtime`: build, submit or run the Kubeflow pipeline, or write
+the KServe serving runtime naming a digest-pinned image."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Any, NoReturn
 
 from serving.server import ServerError
 
-from . import images
+from . import backend, images
+from . import options as O
 from . import params as P
 
 # pipeline.local_run, .pipeline and .components are imported where used: .components reads
@@ -25,6 +27,8 @@ TOKEN_ENV = "KF_PIPELINES_TOKEN"
 HOST_ENV = "KF_PIPELINES_ENDPOINT"  # the kfp client's own variable
 EXPERIMENT_ENV = "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME"  # the kfp client's own variable
 HEALTHZ_PATH = "/apis/v2beta1/healthz"
+RUNTIME_MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kserve" / "servingruntime.yaml"
+RUNTIME_CONTAINER = "kserve-container"
 SAMPLE_DIGIT = 7
 
 
@@ -49,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="write the pipeline package (YAML)")
     c.add_argument("--out", type=Path, default=Path("pipeline.yaml"))
     _add_image_arguments(c)
+    O.add_arguments(c)
     s = sub.add_parser("submit", help="compile and start a run on a Kubeflow Pipelines cluster")
     _add_image_arguments(s)
     s.add_argument("--host", default=os.environ.get(HOST_ENV), help=f"KFP API URL (default: ${HOST_ENV})")
@@ -56,10 +61,18 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--namespace", default=None, help="user namespace on multi-user clusters")
     s.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default: ${TOKEN_ENV})")
     s.add_argument("--run-name", default=None)
+    O.add_arguments(s)
     P.add_arguments(s)
     r = sub.add_parser("run-local", help="run every task here with kfp.local (subprocesses of this Python)")
     r.add_argument("--workdir", type=Path, default=Path("local_outputs"), help="pipeline root for the outputs")
     P.add_arguments(r, deploy_target="local")
+    t = sub.add_parser("runtime", help=f"write {RUNTIME_MANIFEST.relative_to(RUNTIME_MANIFEST.parents[2])} "
+                                       "with the serving image pinned by digest")
+    t.add_argument("--image", required=True, metavar="REF",
+                   help="the pushed serving image, REPOSITORY[:TAG]@sha256:DIGEST")
+    t.add_argument("--allow-tag", action="store_true", help="accept REPOSITORY:TAG without a digest (the "
+                   "cluster then pulls whatever the tag names when a pod starts)")
+    t.add_argument("--out", type=Path, default=None, help="write here instead of standard output")
     return p
 
 
@@ -89,44 +102,88 @@ def _image(args: argparse.Namespace) -> str:
     return resolved.ref
 
 
-def _compile(out: Path, image: str) -> Path:
-    """Compile into `out`; every executor must name `image` (a package that does not is not written)."""
+def _compile(out: Path, image: str, options: O.CompileOptions) -> tuple[Path, backend.Version, str]:
+    """Compile into `out` for the oldest backend that can read it (pipeline.backend.for_oldest); every
+    executor must name `image` (a package that does not is not written). Returns the package, the backend
+    version it needs and why."""
+    import yaml
     from kfp import compiler
 
     from .components import DEFAULT_PIPELINE_IMAGE
-    from .pipeline import mnist_embedding_pipeline
+    from .pipeline import build
 
+    try:
+        pipeline = build(options)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.yaml")  # the compiler wants a .yaml name
     try:
-        compiler.Compiler().compile(mnist_embedding_pipeline, str(tmp))
-        _set_executor_images(tmp, image, DEFAULT_PIPELINE_IMAGE)
+        compiler.Compiler().compile(pipeline, str(tmp))
+        spec, platform = _documents(tmp)
+        backend.for_oldest(spec, platform)
+        _set_executor_images(spec, image, DEFAULT_PIPELINE_IMAGE)
+        tmp.write_text(yaml.safe_dump_all([spec, platform] if platform else [spec], sort_keys=False))
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return out
+    return (out, *backend.required(spec, platform))
 
 
-def _executor_images(text: str) -> list[str]:
+def _documents(package: Path) -> tuple[dict, dict]:
+    """The pipeline spec and the platform spec ({} when the package has none) of a compiled package."""
     import yaml
 
-    spec = next(yaml.safe_load_all(text))
-    return [e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()]
+    docs = list(yaml.safe_load_all(package.read_text()))
+    return docs[0], (docs[1] if len(docs) > 1 else {})
 
 
-def _set_executor_images(package: Path, image: str, placeholder: str) -> None:
+def _set_executor_images(spec: dict, image: str, placeholder: str) -> None:
     """Name `image` in every executor. The components take it from $PIPELINE_IMAGE at import, so this
-    rewrites only when they were imported earlier in this process with another value."""
-    text = package.read_text()
-    for stale in set(_executor_images(text)) - {image}:
-        text = re.sub(rf"^(\s*image:\s*)(['\"]?){re.escape(stale)}\2[ \t]*$",
-                      lambda m: m.group(1) + image, text, flags=re.MULTILINE)
-    named = _executor_images(text)
-    if not named or set(named) != {image}:
-        raise CliError(f"the compiled package names {', '.join(sorted(set(named))) or 'no image'}, not {image}")
-    if placeholder in text:
+    changes something only when they were imported earlier in this process with another value."""
+    import yaml
+
+    containers = [e["container"] for e in spec["deploymentSpec"]["executors"].values()]
+    if not containers:
+        raise CliError(f"the compiled package names no image, not {image}")
+    for container in containers:
+        container["image"] = image
+    if placeholder in yaml.safe_dump(spec):
         raise CliError(f"the compiled package still names the placeholder image {placeholder}")
-    package.write_text(text)
+
+
+def _runtime(image: str, allow_tag: bool, out: Path | None) -> None:
+    """The ClusterServingRuntime manifest with `image` in its serving container, validated like every manifest
+    the project applies (pipeline.manifests)."""
+    import yaml
+
+    from .manifests import ManifestError, validate
+
+    try:
+        ref = images.parse_ref(image)
+    except images.ImageError as exc:
+        raise UsageError(str(exc)) from None
+    if not ref.digest and not (allow_tag and ref.tag):
+        raise UsageError(f"image {image} is not pinned by digest (REPOSITORY[:TAG]@sha256:...): the cluster would "
+                         "pull whatever the tag names when a pod starts; "
+                         + ("name a tag or a digest" if allow_tag else "pass --allow-tag to accept that"))
+    manifest = yaml.safe_load(RUNTIME_MANIFEST.read_text())
+    containers = [c for c in manifest["spec"]["containers"] if c.get("name") == RUNTIME_CONTAINER]
+    if len(containers) != 1:
+        raise CliError(f"{RUNTIME_MANIFEST} has no single container named {RUNTIME_CONTAINER}")
+    containers[0]["image"] = str(ref)
+    try:
+        validate(manifest)
+    except ManifestError as exc:
+        raise CliError(f"the runtime manifest with {ref} is not valid: {exc}") from None
+    text = (f"# {RUNTIME_MANIFEST.name} with the serving image {'pinned by digest' if ref.digest else 'by tag'}, "
+            f"written by python -m pipeline runtime\n" + yaml.safe_dump(manifest, sort_keys=False))
+    if out is None:
+        sys.stdout.write(text)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out} (image {ref})", file=sys.stderr)
 
 
 def _unreachable_reason(exc: BaseException) -> str:
@@ -187,8 +244,8 @@ def _api_client(host: str, token: str | None) -> Any:
     return kfp_server_api.ApiClient(config)
 
 
-def _check_backend(host: str, token: str | None) -> dict:
-    """GET /apis/v2beta1/healthz; refuse a backend older than images.MIN_KFP_BACKEND.
+def _backend_health(host: str, token: str | None) -> dict:
+    """GET /apis/v2beta1/healthz.
 
     The API server answers {"commit_sha", "tag_name", "multi_user"} (kfp_server_api's model keeps only
     multi_user, so the JSON is read here); `tag_name` is its release, "unknown" on builds without one."""
@@ -204,19 +261,22 @@ def _check_backend(host: str, token: str | None) -> dict:
         kind = response.headers.get("Content-Type", "a body")
         raise CliError(f"{host}{HEALTHZ_PATH} answered {kind}, not the Kubeflow Pipelines health JSON: check "
                        "--host (a login page means the gateway did not accept the token)") from None
-    tag = health.get("tag_name")
-    version = images.backend_version(tag)
-    minimum = images.version_text(images.MIN_KFP_BACKEND)
-    if version is None:
-        print(f"pipeline: warning: {host} does not report its Kubeflow Pipelines version (healthz tag_name "
-              f"{tag!r}); the pipeline image needs {minimum} or later", file=sys.stderr)
-    elif version < images.MIN_KFP_BACKEND:
-        raise CliError(f"KFP backend {tag} is older than {minimum}, the oldest this pipeline's image runs on: "
-                       f"{images.MIN_KFP_BACKEND_REASON}")
     return health
 
 
-def _submit(args: argparse.Namespace, values: dict[str, Any], image: str) -> None:
+def _check_version(host: str, health: dict, needed: backend.Version, why: str) -> None:
+    """Refuse a backend older than the compiled package needs; warn when it does not say its version."""
+    tag = health.get("tag_name")
+    version = backend.parse_version(tag)
+    minimum = backend.version_text(needed)
+    if version is None:
+        print(f"pipeline: warning: {host} does not report its Kubeflow Pipelines version (healthz tag_name "
+              f"{tag!r}); this package needs {minimum} or later: {why}", file=sys.stderr)
+    elif version < needed:
+        raise CliError(f"KFP backend {tag} is older than {minimum}, which this package needs: {why}")
+
+
+def _submit(args: argparse.Namespace, values: dict[str, Any], image: str, options: O.CompileOptions) -> None:
     import kfp_server_api
     import urllib3
     from kfp.client import Client
@@ -235,7 +295,9 @@ def _submit(args: argparse.Namespace, values: dict[str, Any], image: str) -> Non
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # "This client only works with KFP v2.0.0-beta.2 and later"
         try:
-            health = _check_backend(host, args.token)
+            health = _backend_health(host, args.token)
+            package, needed, why = _compile(Path(tmp) / "pipeline.yaml", image, options)
+            _check_version(host, health, needed, why)
             if health.get("multi_user") and not args.namespace and not os.path.exists(Client._NAMESPACE_PATH):
                 raise CliError(f"{host} is a multi-user Kubeflow Pipelines: pass --namespace (your profile namespace)")
             client = _Client(host=host, existing_token=args.token, namespace=args.namespace or "kubeflow")
@@ -245,13 +307,12 @@ def _submit(args: argparse.Namespace, values: dict[str, Any], image: str) -> Non
                 experiment = client.create_experiment(name=experiment_name, namespace=args.namespace)
             except ValueError as exc:  # e.g. "Multiple experiments is found with name ..."
                 raise CliError(f"{host}: {exc}") from None
-            package = _compile(Path(tmp) / "pipeline.yaml", image)  # after the server's checks: they are quick
             step = "create the run"
             from .pipeline import PIPELINE_NAME
 
             run_name = args.run_name or f"{PIPELINE_NAME} {datetime.datetime.now():%Y-%m-%d %H-%M-%S}"
             run = client.run_pipeline(experiment_id=experiment.experiment_id, job_name=run_name,
-                                      pipeline_package_path=str(package), params=values)
+                                      pipeline_package_path=str(package), params=options.run_values(values))
         except kfp_server_api.ApiException as exc:
             raise _api_error(host, step, exc) from None
         except (urllib3.exceptions.HTTPError, OSError, TimeoutError) as exc:
@@ -315,15 +376,21 @@ def _ask_local(values: dict[str, Any], workdir: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "runtime":
+            _runtime(args.image, args.allow_tag, args.out)
+            return 0
         if args.command == "compile":
-            print(f"wrote {_compile(args.out, _image(args))}")
+            options = O.from_namespace(args)
+            out, needed, why = _compile(args.out, _image(args), options)
+            print(f"wrote {out} (needs KFP backend {backend.version_text(needed)} or later: {why})")
             return 0
         values = P.validate(P.from_namespace(args))
         if args.command == "submit":
             if values["deploy_target"] == "local":
                 raise UsageError("deploy_target=local starts TorchServe inside a task's pod, which ends with the "
                                  "task: use it with run-local; on a cluster use --deploy-target kserve")
-            _submit(args, values, _image(args))
+            options = O.from_namespace(args)
+            _submit(args, values, _image(args), options)
         else:
             _run_local(args, values)
     except UsageError as exc:

@@ -154,11 +154,13 @@ def compare_with_deployed(evaluated: Input[Model], model_name: str, namespace: s
 @component
 def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storage_uri: str, model_uri: str,
                   namespace: str, service_name: str, protocol: str, runtime: str, service_account: str,
-                  api_key_secret: str, run_id: str, dry_run: bool, manifest: Output[Artifact]) -> str:
+                  api_key_secret: str, run_id: str, dry_run: bool, manifest: Output[Artifact],
+                  image_pull_secret: str = "") -> str:
     """Publish the KServe model store and create or patch the InferenceService; returns its URL.
 
     The InferenceService is annotated with what was deployed (accuracy, open-set rejection, version,
-    .mar SHA-256, run id): the next run's gate reads them.
+    .mar SHA-256, run id): the next run's gate reads them. Storage credentials come from the mounted
+    storage Secret's files (pipeline.params.storage_environment).
     """
     import json
     import os
@@ -167,17 +169,16 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
     from handler.artifacts import sha256_file
     from pipeline.gate import annotations_for
     from pipeline.kserve import KServeTarget, deploy
-    from pipeline.params import STORAGE_SECRET_MOUNT
+    from pipeline.params import storage_environment
 
-    gcs_key = Path(STORAGE_SECRET_MOUNT) / "gcs-key.json"
-    if gcs_key.is_file() and "GOOGLE_APPLICATION_CREDENTIALS" not in os.environ:
-        os.environ["GOOGLE_APPLICATION_CREDENTIALS"] = str(gcs_key)
+    os.environ.update(storage_environment())
     path = Path(mar.path) / f"{model_name}.mar"
     notes = annotations_for(float(mar.metadata["accuracy"]), float(mar.metadata["open_set_rejection"]),
                             model_version, sha256_file(path), run_id)
     target = KServeTarget(storage_uri=storage_uri, model_uri=model_uri, namespace=namespace,
                           service_name=service_name, protocol=protocol, runtime=runtime,
-                          service_account=service_account, api_key_secret=api_key_secret, annotations=notes)
+                          service_account=service_account, api_key_secret=api_key_secret,
+                          image_pull_secrets=[image_pull_secret] if image_pull_secret else [], annotations=notes)
     result = deploy(path, model_name, model_version, target, dry_run)
     Path(manifest.path).write_text(json.dumps(result.manifest, indent=2))
     manifest.metadata.update({"storage": result.location, "applied": not dry_run, "url": result.url})

@@ -1,4 +1,4 @@
-"""Which image the compiled pipeline names, and which Kubeflow Pipelines backends that image runs on.
+"""Which image the compiled pipeline names.
 
 `python -m pipeline compile|submit` need an explicit image (`--image REF` or $PIPELINE_IMAGE). A
 reference that `scripts/build-images.sh --push` recorded in build/images.json, with the digest the
@@ -20,24 +20,9 @@ IMAGE_ENV = "PIPELINE_IMAGE"
 IMAGES_JSON_ENV = "IMAGES_JSON"
 DEFAULT_IMAGES_JSON = REPO / "build" / "images.json"
 
-# The oldest Kubeflow Pipelines backend (API server / launcher release, healthz `tag_name`) whose tasks
-# the pipeline image runs in. The image runs as uid 10001 (gid 0). KFP's launcher, running as that
-# user inside the task container, writes artifacts under /gcs, /minio and /s3:
-#  - backends before 2.3.0 mount nothing there (the emptyDir mounts came with kubeflow/pipelines#10857,
-#    first released in 2.3.0), so `mkdir /minio` fails for a non-root user; the image pre-creates
-#    the three directories owned by 10001:0, mode 775 (root Dockerfile), which covers 2.0.x-2.2.x;
-#  - 2.0.0 and 2.0.1 also create the artifact subdirectories with mode 0644 (launcher_v2.go
-#    `os.MkdirAll(dir, 0644)`, kubeflow/pipelines#7629), which the non-root user cannot enter, so
-#    outputs fail with "permission denied" whatever the image holds; fixed by #9946 (0755), first
-#    released in 2.0.2.
-MIN_KFP_BACKEND = (2, 0, 2)
-MIN_KFP_BACKEND_REASON = ("its launcher creates artifact directories with mode 0644, which this image's "
-                          "non-root user (uid 10001) cannot enter (kubeflow/pipelines#7629, fixed in 2.0.2)")
-
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _REPOSITORY = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 
 
 class ImageError(ValueError):
@@ -118,16 +103,6 @@ def refuse_placeholder(ref: str, placeholder: str) -> None:
     if parse_ref(ref).repository == parse_ref(placeholder).repository:
         raise ImageError(f"{ref} is the placeholder image, which no registry serves: pass --image REF or set "
                          f"${IMAGE_ENV} to the image scripts/build-images.sh --push built")
-
-
-def backend_version(tag_name: object) -> tuple[int, int, int] | None:
-    """(major, minor, patch) of a healthz `tag_name` such as "2.3.0" or "v2.0.5"; None if it names none."""
-    match = _VERSION.match(tag_name) if isinstance(tag_name, str) else None
-    return tuple(int(g) for g in match.groups()) if match else None  # type: ignore[return-value]
-
-
-def version_text(version: tuple[int, ...]) -> str:
-    return ".".join(map(str, version))
 
 
 def _shown(path: Path) -> str:

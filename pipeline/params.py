@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 from handler.search import DEFAULT_K
 from settings import DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_NAME_RULE, MODEL_VERSION
@@ -22,10 +24,12 @@ from training.train import PRECISION, PRECISION_HELP, TrainConfig
 from .kserve import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
 
 DEPLOY_TARGETS = ("local", "kserve", "none")
-#: Secret whose keys the KServe deploy task gets as environment (all optional): the AWS SDK's variables.
+#: Keys of the storage Secret the KServe deploy task gets as environment (all optional): the AWS SDK's variables.
 STORAGE_SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
-#: Where the same Secret is mounted for gs:// (a service-account key file named gcs-key.json).
+#: Where the storage Secret is mounted (optional): its keys are files, gcs-key.json a service-account key for gs://.
 STORAGE_SECRET_MOUNT = "/var/secrets/storage"
+SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+SECRET_NAME_RULE = "a Secret name: lowercase letters, digits, '-' and '.', starting and ending alphanumeric"
 _VERSION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
@@ -39,6 +43,10 @@ def _positive(value: int) -> str | None:
 
 def _accuracy(value: float) -> str | None:
     return None if math.isfinite(value) and value >= 0 else "must be a number >= 0 (above 1 never deploys)"
+
+
+def _secret_name(value: str) -> str | None:
+    return None if not value or SECRET_NAME.match(value) else SECRET_NAME_RULE
 
 
 def _pattern(regex: re.Pattern, what: str) -> Callable[[str], str | None]:
@@ -98,12 +106,32 @@ PARAMS: tuple[Param, ...] = (
           "Secret whose key api-key callers present as a bearer token"),
     Param("kserve_pvc_claim", str, "", "claim mounted in the deploy task at /mnt/pvc for pvc:// storage "
           "('' = taken from a pvc:// kserve_storage_uri)"),
-    Param("storage_secret", str, "mnist-embedding-storage",
-          f"Secret giving the deploy task its storage credentials (optional keys {', '.join(STORAGE_SECRET_ENV)}; "
-          f"gcs-key.json mounted at {STORAGE_SECRET_MOUNT})"),
+    Param("kserve_image_pull_secret", str, "", "Secret the InferenceService's predictor pulls its image with "
+          "('' = none)", check=_secret_name),
     Param("kserve_dry_run", bool, False, "write the storage layout and return the manifest; touch no cluster"),
 )
 DEFAULTS: dict[str, Any] = {p.name: p.default for p in PARAMS}
+#: The Secret mounted in the deploy task: a compile option (pipeline.options), and a run parameter only when
+#: compiled with --secret-name-parameter.
+STORAGE_SECRET = Param("storage_secret", str, "mnist-embedding-storage",
+                       f"Secret mounted at {STORAGE_SECRET_MOUNT} in the deploy task, optional, as are its keys: "
+                       f"{', '.join(STORAGE_SECRET_ENV)} (the deploy task's environment) and gcs-key.json (for gs://)")
+
+
+def storage_environment(mount: Path = Path(STORAGE_SECRET_MOUNT),
+                        environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of STORAGE_SECRET_ENV the mounted Secret holds and `environ` (os.environ) lacks.
+
+    The deploy task reads them from the mounted files rather than through secretAsEnv: an optional
+    secretAsEnv needs a newer backend than pipeline.backend.OLDEST, while an optional Secret volume does not.
+    """
+    environ = os.environ if environ is None else environ
+    found = {key: (mount / key).read_text().strip() for key in STORAGE_SECRET_ENV
+             if key not in environ and (mount / key).is_file()}
+    gcs_key = mount / "gcs-key.json"
+    if gcs_key.is_file() and "GOOGLE_APPLICATION_CREDENTIALS" not in environ:
+        found["GOOGLE_APPLICATION_CREDENTIALS"] = str(gcs_key)
+    return found
 
 
 def validate(values: dict[str, Any]) -> dict[str, Any]:

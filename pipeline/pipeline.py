@@ -1,89 +1,116 @@
 """The KFP pipeline: data -> train -> index -> evaluate -> archive -> (quality gate) -> deploy.
 
-Parameter names and defaults mirror `pipeline.params.PARAMS` (KFP reads them from this signature).
+`build(options)` makes the pipeline for one set of compile options (pipeline.options); its run parameters
+are `options.run_params()`, pipeline.params' table, given to KFP as the function's signature.
+`mnist_embedding_pipeline` is the pipeline of the default options.
 """
 
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
 from kfp import dsl, kubernetes
+from kfp.compiler.compiler_utils import _cpu_to_float, _memory_to_float
 
 from .components import (archive, build_index, compare_with_deployed, deploy_kserve, deploy_local, evaluate,
                          load_data, train)
 from .kserve import PVC_MOUNT_DEFAULT
-from .params import DEFAULTS as D
-from .params import STORAGE_SECRET_ENV, STORAGE_SECRET_MOUNT
+from .options import CompileOptions
+from .params import STORAGE_SECRET_MOUNT
 
 PIPELINE_NAME = "mnist-embedding"
+DESCRIPTION = ("Train an MNIST embedding model and FAISS gallery, archive it for TorchServe, and deploy it when it "
+               "beats the quality gate.")
 
 
-def _deploy_kserve(storage_secret, **inputs) -> dsl.PipelineTask:
-    """The deploy-kserve task with its storage credentials from a Kubernetes Secret (all keys optional), so
-    nothing secret is ever a pipeline parameter."""
-    task = deploy_kserve(**inputs).set_caching_options(False)
-    kubernetes.use_secret_as_env(task, secret_name=storage_secret, optional=True,
-                                 secret_key_to_env={key: key for key in STORAGE_SECRET_ENV})
-    kubernetes.use_secret_as_volume(task, secret_name=storage_secret, mount_path=STORAGE_SECRET_MOUNT, optional=True)
-    return task
+class _Tasks:
+    """Gives every task of the pipeline its resources and image pull secrets from the compile options."""
+
+    def __init__(self, options: CompileOptions):
+        self.options = options
+
+    def __call__(self, task: dsl.PipelineTask) -> dsl.PipelineTask:
+        name = task.component_spec.name.replace("_", "-")
+        res = self.options.resources[name]
+        for kind, to_float in (("cpu", _cpu_to_float), ("memory", _memory_to_float)):
+            request, limit = getattr(res, f"{kind}_request"), getattr(res, f"{kind}_limit")
+            try:
+                getattr(task, f"set_{kind}_request")(request)
+                getattr(task, f"set_{kind}_limit")(limit)
+                above = to_float(request) > to_float(limit)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {kind} {request}/{limit}: {exc}") from None
+            if above:
+                raise ValueError(f"{name}: {kind} request {request} is above its limit {limit}")
+        if self.options.image_pull_secrets:
+            kubernetes.set_image_pull_secrets(task, list(self.options.image_pull_secrets))
+        return task
 
 
-@dsl.pipeline(name=PIPELINE_NAME, description="Train an MNIST embedding model and FAISS gallery, archive it "
-              "for TorchServe, and deploy it when it beats the quality gate.")
-def mnist_embedding_pipeline(
-    data_source: str = D["data_source"],
-    preprocessing: str = D["preprocessing"],
-    epochs: int = D["epochs"],
-    embedding_dim: int = D["embedding_dim"],
-    width: int = D["width"],
-    seed: int = D["seed"],
-    quantize: str = D["quantize"],
-    precision: str = D["precision"],
-    k: int = D["k"],
-    index_type: str = D["index_type"],
-    model_name: str = D["model_name"],
-    model_version: str = D["model_version"],
-    min_accuracy: float = D["min_accuracy"],
-    allow_unknown_current: bool = D["allow_unknown_current"],
-    deploy_target: str = D["deploy_target"],
-    serve_workdir: str = D["serve_workdir"],
-    serve_config: str = D["serve_config"],
-    kserve_storage_uri: str = D["kserve_storage_uri"],
-    kserve_model_uri: str = D["kserve_model_uri"],
-    kserve_namespace: str = D["kserve_namespace"],
-    kserve_service_name: str = D["kserve_service_name"],
-    kserve_protocol: str = D["kserve_protocol"],
-    kserve_runtime: str = D["kserve_runtime"],
-    kserve_service_account: str = D["kserve_service_account"],
-    kserve_api_key_secret: str = D["kserve_api_key_secret"],
-    kserve_pvc_claim: str = D["kserve_pvc_claim"],
-    storage_secret: str = D["storage_secret"],
-    kserve_dry_run: bool = D["kserve_dry_run"],
-):
-    data = load_data(source=data_source, preprocessing=preprocessing)
-    trained = train(dataset=data.outputs["dataset"], epochs=epochs, embedding_dim=embedding_dim, width=width,
-                    seed=seed, k=k, quantize=quantize, precision=precision)
-    indexed = build_index(dataset=data.outputs["dataset"], model=trained.outputs["model"], index_type=index_type,
-                          seed=seed)
-    evaluated = evaluate(dataset=data.outputs["dataset"], artifacts=indexed.outputs["artifacts"], k=k)
-    packed = archive(artifacts=evaluated.outputs["evaluated"], model_name=model_name, model_version=model_version)
+def _graph(p: dict[str, Any], options: CompileOptions) -> None:
+    task = _Tasks(options)
+    data = task(load_data(source=p["data_source"], preprocessing=p["preprocessing"]))
+    trained = task(train(dataset=data.outputs["dataset"], epochs=p["epochs"], embedding_dim=p["embedding_dim"],
+                         width=p["width"], seed=p["seed"], k=p["k"], quantize=p["quantize"],
+                         precision=p["precision"]))
+    indexed = task(build_index(dataset=data.outputs["dataset"], model=trained.outputs["model"],
+                               index_type=p["index_type"], seed=p["seed"]))
+    evaluated = task(evaluate(dataset=data.outputs["dataset"], artifacts=indexed.outputs["artifacts"], k=p["k"]))
+    packed = task(archive(artifacts=evaluated.outputs["evaluated"], model_name=p["model_name"],
+                          model_version=p["model_version"]))
     accuracy = evaluated.outputs["Output"]
     mar = packed.outputs["mar"]
+    # The storage Secret's name: a run parameter only where the backend reads one (--secret-name-parameter).
+    secret = p["storage_secret"] if options.secret_name_parameter else options.storage_secret
 
-    with dsl.If(accuracy >= min_accuracy, name="quality-gate"):
-        with dsl.If(deploy_target == "local", name="target-local"):
-            deploy_local(mar=mar, model_name=model_name, workdir=serve_workdir,
-                         config=serve_config).set_caching_options(False)
-        with dsl.Elif(deploy_target == "kserve", name="target-kserve"):
-            gate = compare_with_deployed(evaluated=evaluated.outputs["evaluated"], model_name=model_name,
-                                         namespace=kserve_namespace, service_name=kserve_service_name,
-                                         allow_unknown_current=allow_unknown_current)
+    with dsl.If(accuracy >= p["min_accuracy"], name="quality-gate"):
+        with dsl.If(p["deploy_target"] == "local", name="target-local"):
+            task(deploy_local(mar=mar, model_name=p["model_name"], workdir=p["serve_workdir"],
+                              config=p["serve_config"])).set_caching_options(False)
+        with dsl.Elif(p["deploy_target"] == "kserve", name="target-kserve"):
+            gate = task(compare_with_deployed(evaluated=evaluated.outputs["evaluated"], model_name=p["model_name"],
+                                              namespace=p["kserve_namespace"], service_name=p["kserve_service_name"],
+                                              allow_unknown_current=p["allow_unknown_current"]))
             gate.set_caching_options(False)
             with dsl.If(gate.outputs["Output"] == "deploy", name="no-regression"):
-                inputs = dict(mar=mar, model_name=model_name, model_version=model_version,
-                              storage_uri=kserve_storage_uri, model_uri=kserve_model_uri, namespace=kserve_namespace,
-                              service_name=kserve_service_name, protocol=kserve_protocol, runtime=kserve_runtime,
-                              service_account=kserve_service_account, api_key_secret=kserve_api_key_secret,
-                              run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, dry_run=kserve_dry_run)
+                inputs = dict(mar=mar, model_name=p["model_name"], model_version=p["model_version"],
+                              storage_uri=p["kserve_storage_uri"], model_uri=p["kserve_model_uri"],
+                              namespace=p["kserve_namespace"], service_name=p["kserve_service_name"],
+                              protocol=p["kserve_protocol"], runtime=p["kserve_runtime"],
+                              service_account=p["kserve_service_account"], api_key_secret=p["kserve_api_key_secret"],
+                              image_pull_secret=p["kserve_image_pull_secret"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                              dry_run=p["kserve_dry_run"])
                 # One task per storage kind: only a pvc:// deploy mounts a claim.
-                with dsl.If(kserve_pvc_claim == "", name="object-storage"):
-                    _deploy_kserve(storage_secret, **inputs)
+                with dsl.If(p["kserve_pvc_claim"] == "", name="object-storage"):
+                    _deploy_kserve(task, secret, inputs)
                 with dsl.Else(name="pvc-storage"):
-                    kubernetes.mount_pvc(_deploy_kserve(storage_secret, **inputs), pvc_name=kserve_pvc_claim,
+                    kubernetes.mount_pvc(_deploy_kserve(task, secret, inputs), pvc_name=p["kserve_pvc_claim"],
                                          mount_path=PVC_MOUNT_DEFAULT)
+
+
+def _deploy_kserve(task: _Tasks, secret: Any, inputs: dict[str, Any]) -> dsl.PipelineTask:
+    """The deploy-kserve task with the storage Secret mounted, optional (so are its keys): nothing secret is
+    ever a pipeline parameter. The task reads the credentials from the files (params.storage_environment)."""
+    deploy = task(deploy_kserve(**inputs)).set_caching_options(False)
+    kubernetes.use_secret_as_volume(deploy, secret_name=secret, mount_path=STORAGE_SECRET_MOUNT, optional=True)
+    return deploy
+
+
+def build(options: CompileOptions | None = None) -> Any:
+    """The pipeline (a kfp GraphComponent) under `options`; ValueError (one line) for unusable resources."""
+    options = options or CompileOptions()
+    run_params = options.run_params()
+    names = [p.name for p in run_params]
+
+    def pipeline_func(*args: Any) -> None:
+        _graph(dict(zip(names, args)), options)
+
+    pipeline_func.__name__ = pipeline_func.__qualname__ = "mnist_embedding_pipeline"
+    pipeline_func.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+        inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default, annotation=p.type)
+        for p in run_params])
+    return dsl.pipeline(name=PIPELINE_NAME, description=DESCRIPTION)(pipeline_func)
+
+
+mnist_embedding_pipeline = build()

@@ -1,5 +1,6 @@
-"""`python -m pipeline compile|submit`: the explicit, digest-pinned image, and a submit through the real kfp
-client to a stand-in Kubeflow Pipelines API (tests/support/kfp_standin.py) that records every request."""
+"""`python -m pipeline compile|submit|runtime`: the explicit, digest-pinned image, a submit through the real kfp
+client to a stand-in Kubeflow Pipelines API (tests/support/kfp_standin.py) that records every request, the
+backend version the package needs, and the serving runtime manifest."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import yaml
 from serving.server import free_ports
 from support.kfp_standin import API, KfpStandin
 
-from pipeline import images
+from pipeline import backend, images
 from pipeline import params as P
 from settings import REPO
 
@@ -53,7 +54,8 @@ def _submit(standin: KfpStandin, home: Path, *args: str, **env: str) -> subproce
 @pytest.fixture
 def cli_main(tmp_path, monkeypatch, capsys):
     """`main(argv)` in this process (faster than a subprocess: kfp and torch are imported once), with the
-    environment of `_cli`; returns (exit code, stdout, the single stderr line checked like _error_line)."""
+    environment of `_cli`; returns (exit code, stdout, the single stderr line checked like _error_line, or
+    all of stderr when the command succeeded)."""
     from kfp.client import Client
 
     from pipeline.cli import main
@@ -70,7 +72,7 @@ def cli_main(tmp_path, monkeypatch, capsys):
         except SystemExit as exc:
             code = exc.code
         out, err = capsys.readouterr()
-        return code, out, _error_line(subprocess.CompletedProcess(argv, code, out, err))
+        return code, out, _error_line(subprocess.CompletedProcess(argv, code, out, err)) if code else err
 
     return run
 
@@ -82,6 +84,10 @@ def _executor_images(spec: dict) -> set[str]:
 def _run_spec(run: dict) -> dict:
     spec = run["pipeline_spec"]  # {"pipeline_spec", "platform_spec"} when the pipeline has a platform spec
     return spec.get("pipeline_spec", spec)
+
+
+def _run_platform(run: dict) -> dict:
+    return run["pipeline_spec"]["platform_spec"]
 
 
 # ---------------------------------------------------------------- a submit that works
@@ -129,19 +135,50 @@ def test_submit_sends_the_parameters(submitted):
     sent = standin.runs[0]["runtime_config"]["parameters"]
     assert sent == P.validate({"epochs": 3, "model_version": "2.0", "min_accuracy": 0.75})
     assert (sent["epochs"], sent["model_version"], sent["min_accuracy"]) == (3, "2.0", 0.75)
+    assert "storage_secret" not in sent  # a compile option unless --secret-name-parameter
+
+
+def test_submit_sends_a_package_for_the_oldest_backend(submitted):
+    _, standin = submitted
+    run = standin.runs[0]
+    spec, platform = _run_spec(run), _run_platform(run)
+    assert backend.needs(spec, platform) == []
+    deploy = backend.executor_configs(platform)["exec-deploy-kserve"]
+    assert deploy["secretAsVolume"] == [{"mountPath": P.STORAGE_SECRET_MOUNT, "optional": True,
+                                         "secretName": P.STORAGE_SECRET.default}]
 
 
 # ---------------------------------------------------------------- the backend's version
 
 
-def test_submit_refuses_an_old_backend_before_uploading(tmp_path):
-    with KfpStandin(tag_name="2.0.1") as standin:
-        proc = _submit(standin, tmp_path, "--image", IMAGE)
-    assert proc.returncode == 1
-    line = _error_line(proc)
-    assert "KFP backend 2.0.1 is older than 2.0.2, the oldest this pipeline's image runs on: " in line
-    assert "uid 10001" in line
+def test_submit_refuses_an_old_backend_before_uploading(cli_main):
+    with KfpStandin(tag_name="2.2.0") as standin:
+        code, _, line = cli_main("submit", "--host", standin.url, "--token", TOKEN, "--image", IMAGE)
+    assert code == 1
+    assert line == ("pipeline: error: KFP backend 2.2.0 is older than 2.3.0, which this package needs: the oldest "
+                    "backend this pipeline supports")
     assert standin.calls() == [f"GET {API}/healthz"]
+
+
+@pytest.mark.parametrize("tag, accepted", [("2.4.1", False), ("2.5.0", True)])
+def test_an_opt_in_feature_needs_its_backend(cli_main, tag, accepted):
+    """--secret-name-parameter makes the storage Secret's name a run parameter (secretNameParameter), which
+    backends read from 2.5.0 on."""
+    with KfpStandin(tag_name=tag) as standin:
+        code, _, line = cli_main("submit", "--host", standin.url, "--image", IMAGE, "--secret-name-parameter",
+                                 "--storage-secret", "team-storage")
+    if not accepted:
+        assert code == 1 and standin.calls() == [f"GET {API}/healthz"]
+        assert line == (f"pipeline: error: KFP backend {tag} is older than 2.5.0, which this package needs: a "
+                        "Secret's name from a run parameter (exec-deploy-kserve)")
+        return
+    assert code == 0 and standin.calls() == SUBMIT_CALLS
+    run = standin.runs[0]
+    assert run["runtime_config"]["parameters"]["storage_secret"] == "team-storage"
+    (volume,) = backend.executor_configs(_run_platform(run))["exec-deploy-kserve"]["secretAsVolume"]
+    assert volume["secretNameParameter"] == {"componentInputParameter": "pipelinechannel--storage_secret"}
+    declared = _run_spec(run)["root"]["inputDefinitions"]["parameters"]
+    assert declared["storage_secret"]["defaultValue"] == "team-storage"
 
 
 def test_submit_warns_when_the_backend_has_no_version_and_goes_on(tmp_path):
@@ -150,19 +187,19 @@ def test_submit_warns_when_the_backend_has_no_version_and_goes_on(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pipeline: warning: ") and "does not report" in lines[0]
-    assert "2.0.2 or later" in lines[0]
+    assert "this package needs 2.3.0 or later" in lines[0]
     assert standin.calls() == SUBMIT_CALLS
 
 
 @pytest.mark.parametrize("tag, version", [("2.0.2", (2, 0, 2)), ("v2.3.0-rc.1", (2, 3, 0)), ("2.14.3", (2, 14, 3)),
                                           ("unknown", None), ("", None), (None, None), ("master", None)])
 def test_backend_version_reads_healthz_tag_names(tag, version):
-    assert images.backend_version(tag) == version
+    assert backend.parse_version(tag) == version
 
 
-def test_minimum_backend_is_one_constant():
-    assert images.MIN_KFP_BACKEND == (2, 0, 2)
-    assert images.backend_version("2.0.1") < images.MIN_KFP_BACKEND <= images.backend_version("2.0.2")
+def test_the_oldest_backend_is_one_constant():
+    assert backend.OLDEST == (2, 3, 0)
+    assert all(feature.since > backend.OLDEST for feature in backend.FEATURES.values())
 
 
 # ---------------------------------------------------------------- server errors: one line each
@@ -340,3 +377,91 @@ def test_submit_refuses_the_local_deploy_target():
     assert proc.stderr.strip().splitlines() == [
         "pipeline: error: deploy_target=local starts TorchServe inside a task's pod, which ends with the task: use "
         "it with run-local; on a cluster use --deploy-target kserve"]
+
+
+# ---------------------------------------------------------------- compile options
+
+
+def test_compile_names_the_backend_the_package_needs(cli_main, tmp_path):
+    out = tmp_path / "p.yaml"
+    code, stdout, _ = cli_main("compile", "--out", str(out), "--image", IMAGE, "--image-pull-secret", "regcred",
+                               "--task-cpu", "train=3/3500m", "--task-memory", "all=1Gi/3Gi")
+    assert code == 0
+    assert f"wrote {out} (needs KFP backend 2.3.0 or later: the oldest backend this pipeline supports)" in stdout
+    spec, platform = yaml.safe_load_all(out.read_text())
+    executors = spec["deploymentSpec"]["executors"]
+    assert executors["exec-train"]["container"]["resources"] == {
+        "cpuRequest": 3.0, "cpuLimit": 3.5, "memoryRequest": 2**30 / 1e9, "memoryLimit": 3 * 2**30 / 1e9}
+    assert {e["container"]["resources"]["memoryLimit"] for e in executors.values()} == {3 * 2**30 / 1e9}
+    configs = backend.executor_configs(platform)
+    assert set(configs) == set(executors)
+    assert all(c["imagePullSecret"] == [{"secretName": "regcred"}] for c in configs.values())
+    deploy = spec["components"]["comp-deploy-kserve"]["inputDefinitions"]["parameters"]
+    assert "image_pull_secret" in deploy
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task-cpu", "train=abc"], "train: cpu abc/abc: Invalid cpu string"),
+    (["--task-memory", "evaluate=4Gi/1Gi"], "evaluate: memory request 4Gi is above its limit 1Gi"),
+    (["--task-cpu", "nosuch=1"], "--task-cpu 'nosuch=1': expected TASK=REQUEST[/LIMIT]"),
+    (["--task-memory", "train"], "--task-memory 'train': expected TASK=REQUEST[/LIMIT]"),
+    (["--image-pull-secret", "Reg_Cred"], "'Reg_Cred' is not a Secret name"),
+    (["--storage-secret", "Storage"], "'Storage' is not a Secret name"),
+])
+def test_unusable_compile_options_fail_on_one_line(cli_main, tmp_path, argv, message):
+    out = tmp_path / "p.yaml"
+    code, _, line = cli_main("compile", "--out", str(out), "--image", IMAGE, *argv)
+    assert code == 1 and message in line, line
+    assert not out.exists()
+
+
+def test_the_predictor_pull_secret_is_a_checked_run_parameter():
+    assert P.validate({"kserve_image_pull_secret": "regcred"})["kserve_image_pull_secret"] == "regcred"
+    with pytest.raises(P.ParamError, match="kserve_image_pull_secret='Reg_Cred': a Secret name"):
+        P.validate({"kserve_image_pull_secret": "Reg_Cred"})
+
+
+# ---------------------------------------------------------------- the serving runtime manifest
+
+
+def test_runtime_writes_the_manifest_with_the_pinned_image(cli_main, tmp_path):
+    from pipeline.cli import RUNTIME_MANIFEST
+    from pipeline.manifests import validate
+
+    out = tmp_path / "deploy" / "runtime.yaml"
+    pinned = f"registry.example.com/ml/mnist-embedding-serving:1.2.3@{DIGEST}"
+    code, _, _ = cli_main("runtime", "--image", pinned, "--out", str(out))
+    assert code == 0
+    written = yaml.safe_load(out.read_text())
+    validate(written)
+    (container,) = written["spec"]["containers"]
+    assert container["image"] == pinned
+    source = yaml.safe_load(RUNTIME_MANIFEST.read_text())
+    source["spec"]["containers"][0]["image"] = pinned
+    assert written == source  # only the image changed
+
+
+def test_runtime_writes_to_standard_output(cli_main):
+    code, stdout, _ = cli_main("runtime", "--image", f"registry.example.com/serving@{DIGEST}")
+    assert code == 0
+    assert yaml.safe_load(stdout)["spec"]["containers"][0]["image"] == f"registry.example.com/serving@{DIGEST}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--image", "registry.example.com/serving:1.2.3"], "is not pinned by digest"),
+    (["--image", "registry.example.com/serving", "--allow-tag"], "name a tag or a digest"),
+    (["--image", "Registry.example.com/serving:1"], "is not a valid reference"),
+    (["--image", "registry.example.com/serving@sha256:abc"], "64 lowercase hex"),
+])
+def test_runtime_refuses_an_unpinned_or_bad_image(cli_main, tmp_path, argv, message):
+    out = tmp_path / "runtime.yaml"
+    code, _, line = cli_main("runtime", *argv, "--out", str(out))
+    assert code == 2 and message in line, line
+    assert not out.exists()
+
+
+def test_runtime_accepts_a_tag_when_asked(cli_main, tmp_path):
+    out = tmp_path / "runtime.yaml"
+    code, _, _ = cli_main("runtime", "--image", "registry.example.com/serving:1.2.3", "--allow-tag", "--out", str(out))
+    assert code == 0
+    assert yaml.safe_load(out.read_text())["spec"]["containers"][0]["image"] == "registry.example.com/serving:1.2.3"
