@@ -74,6 +74,10 @@ def written() -> Callable[..., dict[str, Any]]:
     return check
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """bench's tests get the project's markers (unit / integration by directory, serving by fixture)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """bench's tests get the project's markers (unit / integration by directory, serving by fixture); when
+    tests/conftest.py is loaded too (the whole suite), its own hook has already marked every item."""
+    project_file = str(PROJECT_TESTS / "conftest.py")
+    if any(getattr(plugin, "__file__", None) == project_file for plugin in config.pluginmanager.get_plugins()):
+        return
     _project.pytest_collection_modifyitems([item for item in items if BENCH_TESTS in Path(str(item.fspath)).parents])

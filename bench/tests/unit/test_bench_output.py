@@ -55,6 +55,7 @@ def committed(pattern: str) -> list[str]:
                           text=True, check=True).stdout.split()
 
 
+@pytest.mark.skipif(not (REPO / ".git").exists(), reason="not a git checkout")
 def test_only_summaries_are_committed_and_raw_is_ignored():
     assert committed("*.json") == committed("*.summary.json") != []
     assert committed("raw/*") == []
