@@ -100,7 +100,7 @@ def read_deployed(namespace: str, name: str, api: Any = None, core_api: Any = No
         raise GateError(f"cannot reach the Kubernetes API to read {reading}: {type(exc).__name__}") from None
     except Exception as exc:  # kserve.KServeError: no credentials at all
         raise GateError(f"cannot read {reading}: {str(exc).splitlines()[0]}") from None
-    if record is None:
+    if record is None or not record.current:
         return Deployed(None)
     current = deployed_from(record.current)
     spec_uri = served_storage_uri(obj)

@@ -438,7 +438,8 @@ def _patch(api: Any, namespace: str, name: str, make: Any, existing: dict | None
         if existing is None:
             raise KServeError(f"InferenceService {namespace}/{name} not found")
         body = make(existing)
-        body.setdefault("metadata", {})["resourceVersion"] = existing["metadata"].get("resourceVersion")
+        if existing["metadata"].get("resourceVersion"):
+            body.setdefault("metadata", {})["resourceVersion"] = existing["metadata"]["resourceVersion"]
         try:
             return existing, _call(api.patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name, body)
         except ApiException as exc:
@@ -513,6 +514,8 @@ def rollout_state(obj: dict, before: dict | None) -> tuple[str, str]:
     if ready.get("status") == "False" and ready.get("reason") == "RevisionFailed":
         return "failed", why
     latest = predictor.get("latestReadyRevision")
+    if ready.get("status") != "True" and (ready.get("message") or ready.get("reason")):
+        return "pending", why
     if created and latest != created:
         return "pending", f"revision {created} is not ready yet (traffic on {latest or 'none'})"
     if ready.get("status") != "True":
@@ -664,7 +667,8 @@ class Record:
 
 
 def read_record(core: Any, namespace: str, service: str) -> Record | None:
-    """The deploy record of `service`; None when there is none. ApiException on other failures."""
+    """The deploy record of `service`; None when there is none, empty entries when it cannot be parsed (edited by
+    hand). ApiException on other failures."""
     from kubernetes.client.exceptions import ApiException
 
     try:
@@ -678,8 +682,10 @@ def read_record(core: Any, namespace: str, service: str) -> Record | None:
         current = json.loads(data["current"])
         previous = json.loads(data["previous"]) if data.get("previous") else None
         history = json.loads(data.get("history") or "[]")
+        if not (isinstance(current, dict) and isinstance(previous, dict | None) and isinstance(history, list)):
+            raise ValueError("not a record")
     except (KeyError, ValueError):
-        return None
+        current, previous, history = {}, None, []
     return Record(current, previous, history, obj.metadata.resource_version or "")
 
 
@@ -694,7 +700,7 @@ def write_record(core: Any, namespace: str, service: str, entry: dict[str, str])
         history = [e for e in (old.history if old else []) if e != entry] + [entry]
         data = {"current": json.dumps(entry, sort_keys=True),
                 "history": json.dumps(history[-RECORD_HISTORY:], sort_keys=True)}
-        if old is not None and old.current != entry:
+        if old is not None and old.current and old.current != entry:
             data["previous"] = json.dumps(old.current, sort_keys=True)
         elif old is not None and old.previous:
             data["previous"] = json.dumps(old.previous, sort_keys=True)

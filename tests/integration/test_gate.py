@@ -186,3 +186,12 @@ def test_the_shipped_role_allows_exactly_what_the_gate_and_deploy_call(cluster, 
                     "persistentvolumeclaims": {"get"}}
     assert all(used[resource] <= granted[resource] for resource in used)
     assert granted["configmaps"] == used["configmaps"] and granted["persistentvolumeclaims"] == {"get"}
+
+
+def test_a_record_edited_into_nonsense_is_unknown_and_the_next_deploy_replaces_it(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.95)
+    cluster.objects[("configmaps", "models", "embedding-deployed-model")]["data"] = {"current": "[1, 2"}
+    with pytest.raises(GateError, match="has no deploy record with mnist-embedding/accuracy"):
+        decide(0.99, "models", "embedding", allow_unknown_current=False)
+    deploy_version(archive, "2.0", 0.99)
+    assert record(cluster) == {"current": entry("2.0", 0.99), "history": [entry("2.0", 0.99)]}
