@@ -52,7 +52,8 @@ def rollback(version: str, namespace: str, service: str, timeout_s: float = 600.
         obj = read_inference_service(api, namespace, service)
         record = read_record(core_api, namespace, service) if obj is not None else None
     except ApiException as exc:
-        raise RollbackError(f"cannot read {where} or its deploy record: {exc.status} {exc.reason}") from None
+        hint = " (the Role of deploy/kubeflow/rbac.yaml grants what rollback needs)" if exc.status in (401, 403) else ""
+        raise RollbackError(f"cannot read {where} or its deploy record: {exc.status} {exc.reason}{hint}") from None
     if obj is None:
         raise RollbackError(f"no {where}")
     if record is None:

@@ -106,3 +106,11 @@ def test_the_namespace_is_required_outside_a_pod(capsys, monkeypatch, tmp_path):
     assert rollback.run(parser.parse_args(["--to", "1.0"])) == 1
     assert capsys.readouterr().err.splitlines() == [
         "rollback: error: --namespace is required (not running in a pod whose namespace could be read)"]
+
+
+def test_without_the_role_it_refuses_on_one_line(two_versions, capsys):
+    two_versions.forbidden = True
+    rc, out, err = run(["--to", "1.0"], capsys)
+    assert (rc, out) == (1, [])
+    assert err == ["rollback: error: cannot read InferenceService models/embedding or its deploy record: 403 Forbidden "
+                   "(the Role of deploy/kubeflow/rbac.yaml grants what rollback needs)"]
