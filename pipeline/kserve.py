@@ -10,6 +10,9 @@ Open Inference v2 REST paths on port 8080. So each version is written as
 
 and rolling forward means writing the next version beside it and patching the same
 InferenceService's storageUri, which makes KServe start a new revision and shift traffic once it is Ready.
+Deploy patches only after every file is uploaded, waits until the new revision serves (rollout_state), puts
+the spec back when it does not, and only then records the version in a ConfigMap beside the service
+(record_name), which the gate (pipeline.gate) and rollback (pipeline.rollback) read.
 """
 
 from __future__ import annotations
