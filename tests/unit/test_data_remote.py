@@ -98,3 +98,27 @@ def test_pvc_refusals_name_the_mount_and_the_variable(tmp_path, monkeypatch):
     if not os.path.isdir(PVC_MOUNT_DEFAULT):
         with pytest.raises(DataError, match=f"is not mounted at {PVC_MOUNT_DEFAULT} in this task"):
             load_dataset("pvc://training-data/mnist", cache_dir=tmp_path)
+
+
+def test_unreachable_s3_endpoint_is_one_line(tmp_path, monkeypatch):
+    from serving.server import free_ports
+
+    (port,) = free_ports(1)  # nothing listens there
+    for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "id",
+                       "AWS_SECRET_ACCESS_KEY": "secret", "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_MAX_ATTEMPTS": "1"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(DataError) as err:
+        load_dataset("s3://data/mnist", cache_dir=tmp_path)
+    assert str(err.value).startswith(f's3://data: Could not connect to the endpoint URL: "http://127.0.0.1:{port}/')
+    assert "\n" not in str(err.value) and "secret" not in str(err.value)
+
+
+def test_a_missing_google_key_file_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "gcs-key.json"))
+    with pytest.raises(DataError) as err:
+        load_dataset("gs://data/mnist", cache_dir=tmp_path)
+    assert str(err.value).startswith(f"no Google credentials for gs://data: GOOGLE_APPLICATION_CREDENTIALS="
+                                     f"{tmp_path}/gcs-key.json: File {tmp_path}/gcs-key.json was not found")
+    assert "\n" not in str(err.value)

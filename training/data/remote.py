@@ -260,7 +260,11 @@ class _GCSStore:
         where = f"gs://{self.uri.bucket}" + (f"/{key}" if key else "")
         try:
             yield
-        except google.auth.exceptions.DefaultCredentialsError:
+        except google.auth.exceptions.DefaultCredentialsError as exc:
+            named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+            if named:
+                raise DataError(f"no Google credentials for gs://{self.uri.bucket}: GOOGLE_APPLICATION_CREDENTIALS="
+                                f"{named}: {_one_line(exc)}") from None
             raise DataError(f"no Google credentials for gs://{self.uri.bucket}: set GOOGLE_APPLICATION_CREDENTIALS "
                             "to a mounted service-account key file, or run the pod with Workload Identity") from None
         except google.api_core.exceptions.GoogleAPICallError as exc:
