@@ -130,7 +130,7 @@ def test_interrupted_download_never_looks_complete(s3_env, local_data, tmp_path,
     ("s3://data/sets/mnist2", "s3://data/sets/mnist2: no images in label folders "
                               "(expected s3://data/sets/mnist2/<label>/<image>.png)"),
     ("idx:s3://data/sets/pets", "s3://data/sets/pets: missing IDX file(s): train-images-idx3-ubyte[.gz], "
-                                "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]"),
+     "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]"),
     ("folder:s3://data/sets/mnist", "s3://data/sets/mnist: no images in label folders"),
     ("s3://no-such-bucket/mnist", "s3://no-such-bucket: NoSuchBucket: The specified bucket does not exist"),
 ])
@@ -202,7 +202,8 @@ def gcs(local_data):
             warnings.simplefilter("ignore", FutureWarning)
             from google.auth.credentials import AnonymousCredentials
             from google.cloud import storage
-        client = storage.Client(project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": host})
+        client = storage.Client(project="test", credentials=AnonymousCredentials(),
+                                client_options={"api_endpoint": host})
         bucket = client.create_bucket("data")
         put = lambda path, key: bucket.blob(key).upload_from_filename(path)  # noqa: E731
         upload_tree(put, local_data / "mnist", "sets/mnist")

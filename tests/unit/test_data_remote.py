@@ -88,8 +88,8 @@ def test_pvc_refusals_name_the_mount_and_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(PVC_MOUNT_ENV, str(tmp_path / "not-mounted"))
     with pytest.raises(DataError) as err:
         load_dataset("pvc://training-data/mnist", cache_dir=tmp_path)
-    assert str(err.value) == (f"pvc://training-data/mnist: claim training-data is not mounted at {tmp_path}/not-mounted "
-                              f"in this task (mount it there, or set {PVC_MOUNT_ENV})")
+    assert str(err.value) == (f"pvc://training-data/mnist: claim training-data is not mounted at "
+                              f"{tmp_path}/not-mounted in this task (mount it there, or set {PVC_MOUNT_ENV})")
     monkeypatch.setenv(PVC_MOUNT_ENV, str(tmp_path))
     with pytest.raises(DataError, match=f"^pvc://training-data/mnist: {tmp_path}/mnist is not a directory on the "
                                         "mounted claim$"):
