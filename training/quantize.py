@@ -4,7 +4,7 @@ Eager static quantization (torch.ao.quantization): each conv block's Conv2d + Ba
 one int8 convolution with per-channel weights, activations are calibrated on training inputs, the projection to
 the embedding stays float (it is a small share of the time and carries the geometry the gallery is searched in).
 On the sample model the served forward pass takes 0.42x the float one's time and held-out accuracy and the
-Fashion-MNIST open-set figures move by under half a point (README, "int8 model"). The result is another model than
+Fashion-MNIST open-set figures move by under half a point (docs/model-quality.md, "int8 model"). The result is another model than
 the float one (distances move by about 1e-2), so training embeds the gallery, the prototypes and the calibration set with it: everything in the artifact
 directory agrees with the network that serves. Quantized kernels run on the CPU only.
 """

@@ -180,7 +180,7 @@ def test_embedding_option_as_a_json_field_and_a_form_field(endpoint, digits, off
 
 def test_torchserve_drops_query_parameters_so_the_option_is_not_a_query_parameter(endpoint, digits):
     """Checked against TorchServe 0.12: the handler never sees ?embedding=true, so the answer is the plain one
-    (README says to use the JSON or form field)."""
+    (docs/serving.md says to use the JSON or form field)."""
     url, token = endpoint
     status, answer = call(f"{url}?embedding=true", digits[1], token, {"Content-Type": "application/octet-stream"})
     assert status == 200 and "embedding" not in answer and set(answer["neighbours"][0]) == {"label", "dist"}
