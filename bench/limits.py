@@ -6,13 +6,12 @@ cgroup limit without swap), then: start to ready, a warm-up at c=16, one wrk tri
 KServe v1 JSON bodies (the cluster path) and raw PNGs. Memory is the container's memory cgroup: its peak
 (`memory.max_usage_in_bytes`, page cache included, as the kubelet's OOM decisions see it) and the RSS of
 its processes after the load; an OOM kill or a failed start is recorded as the figure for that pair.
-Writes bench/results/limits.md and limits.json.
+Writes bench/results/limits.md and limits.summary.json (the full record to raw/, not committed).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shlex
@@ -26,7 +25,7 @@ from typing import Any
 
 from settings import REPO
 
-from . import env
+from . import env, output
 from .container import (BODIES, Server, build_image, check_answer, command_line, gallery_artifacts, log,
                         request_bodies, scripts_for, stage, start_container, warm_up)
 from .loadgen import LoadError, run_wrk
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     results: dict[str, Any] = {
         "schema_version": 1, "started": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": command_line(argv).replace("bench.container", "bench.limits"),
+        "command": command_line(argv).replace(" container", " limits", 1),
         "machine": env.machine(), "versions": env.versions(), "load_start": env.load_average(),
         "settings": {"duration_s": args.duration, "concurrency": args.concurrency}, "galleries": {},
     }
@@ -185,15 +184,14 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{gallery}: limits {limits}, load {env.load_average()}")
                 results["galleries"][gallery].append(measure_pair(images, mnt, bodies, limits, args))
                 write(results, args.out, started)
-    log(f"wrote {args.out}/limits.md and limits.json")
+    log(f"wrote {args.out}/limits.md and limits.summary.json (full record in raw/)")
     return 0
 
 
 def write(results: dict, out: Path, started: float) -> None:
     results["load_end"] = env.load_average()
     results["duration_s"] = round(time.time() - started, 1)
-    (out / "limits.json").write_text(json.dumps(results, indent=1, default=str))
-    (out / "limits.md").write_text(markdown(results))
+    output.write(out, "limits", results, markdown(results))
 
 
 if __name__ == "__main__":
