@@ -122,3 +122,12 @@ def test_a_missing_google_key_file_is_named(tmp_path, monkeypatch):
     assert str(err.value).startswith(f"no Google credentials for gs://data: GOOGLE_APPLICATION_CREDENTIALS="
                                      f"{tmp_path}/gcs-key.json: File {tmp_path}/gcs-key.json was not found")
     assert "\n" not in str(err.value)
+
+
+def test_source_problem_checks_uris_without_network():
+    from training.data import source_problem
+
+    assert source_problem("s3://data/mnist") is None and source_problem("folder:gs://data/pets") is None
+    assert source_problem("mnist-sample") is None and source_problem("idx:/data/mnist") is None
+    assert source_problem("s3://") == "s3://: no bucket named; use s3://<bucket>/<path>"
+    assert source_problem("folder:http://host/pets").startswith("http://host/pets: not a storage URI")

@@ -80,6 +80,30 @@ class Dataset:
         }
 
 
+def _layout_and_location(source: str) -> tuple[str, str]:
+    """``idx:X`` / ``folder:X`` -> (layout, X); any other source -> ("", source)."""
+    if source.startswith(("idx:", "folder:")):
+        layout, _, location = source.partition(":")
+        return layout, location
+    return "", source
+
+
+def source_problem(source: str) -> str | None:
+    """Why a storage URI data source (``s3://``, ``gs://``, ``pvc://``, also after ``idx:`` / ``folder:``) is
+    malformed, without any network; None for a well-formed one and for every other source. For checks at
+    submission time (a pipeline parameter); load_dataset checks the same first."""
+    _, rest = _layout_and_location(source)
+    if "://" not in rest:
+        return None
+    from .remote import parse_uri
+
+    try:
+        parse_uri(rest)
+    except DataError as exc:
+        return str(exc)
+    return None
+
+
 def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None, profile: str | None = None) -> Dataset:
     """Resolve a ``--data`` value to a Dataset; raises DataError with a one-line reason.
 
@@ -90,7 +114,7 @@ def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None, pr
         from .sample import load_mnist_sample
 
         return load_mnist_sample()
-    layout, _, rest = source.partition(":") if source.startswith(("idx:", "folder:")) else ("", "", source)
+    layout, rest = _layout_and_location(source)
     if "://" in rest:
         from .remote import fetch
 
