@@ -7,11 +7,12 @@ model metadata included. TorchServe's frontend already routes ``/v1/models/<m>:p
 
 - starts ``torchserve --foreground`` with the storage initializer's layout (``/mnt/models``), its
   inference and management APIs on loopback only;
-- answers ``/v2/health/live``, ``/v2/health/ready``, ``/v1/models/<m>``, ``/v2/models/<m>[/versions/<v>]``
-  and ``.../ready`` itself, from TorchServe's ping and its workers' status;
+- answers ``/`` (v1 liveness), ``/v2/health/live``, ``/v2/health/ready``, ``/v1/models/<m>``,
+  ``/v2/models/<m>[/versions/<v>]`` and ``.../ready`` itself, from TorchServe's ping and its workers' status;
 - reads the v1/v2 inference bodies as KServe's model server does (JSON whatever the Content-Type, and the
-  v2 binary tensor extension, see :mod:`serving.open_inference`) and hands TorchServe their JSON; binary
-  outputs are written back when the request asks for them. ``/predictions/<m>`` passes through unchanged;
+  v2 binary tensor extension, see :mod:`serving.open_inference`; aiohttp inflates gzip/deflate bodies) and
+  hands TorchServe their JSON; binary outputs are written back when the request asks for them.
+  ``/predictions/<m>`` passes through unchanged;
 - requires ``Authorization: Bearer <key>`` on everything but the two health paths, the key coming from
   the environment (a Kubernetes Secret); without a key it refuses to start unless told
   ``--allow-unauthenticated`` (for a mesh that authenticates in front of it);
@@ -34,13 +35,13 @@ import signal
 import subprocess
 import sys
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
 from urllib.parse import quote, urlsplit
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp.web_protocol import RequestPayloadError
 
 from serving.gateway_metrics import GatewayMetrics
 from serving.torchserve_env import torchserve_environment
@@ -138,6 +139,7 @@ class Gateway:
         app = web.Application(client_max_size=self.upstream.max_request_size, middlewares=[self._auth])
         get, post = web.get, web.post
         app.add_routes([
+            get("/", self.v1_live),
             get("/v2/health/live", self.live),
             get("/v2/health/ready", self.ready),
             get("/v2", self.server_metadata),
@@ -181,6 +183,9 @@ class Gateway:
             return _json(413, {"error": f"request body larger than {self.upstream.max_request_size} bytes"})
         except web.HTTPException as exc:
             return _json(exc.status, {"error": exc.reason})
+        except RequestPayloadError as exc:  # e.g. a gzip body that does not inflate (aiohttp inflates bodies)
+            return _json(400, {"error": "the request body could not be read: "
+                                        + " ".join(str(exc).partition("message:")[2].split())})
 
     # --- health and metadata -------------------------------------------------------------------------
 
@@ -211,6 +216,11 @@ class Gateway:
     async def live(self, _: web.Request) -> web.Response:
         alive = await self._upstream_alive()
         return _json(200 if alive else 503, {"live": alive})
+
+    async def v1_live(self, _: web.Request) -> web.Response:
+        """KServe v1 liveness (``GET /``, what its InferenceRESTClient asks), behind the key like the rest."""
+        alive = await self._upstream_alive()
+        return _json(200 if alive else 503, {"status": "alive" if alive else "not alive"})
 
     async def ready(self, _: web.Request) -> web.Response:
         ready = await self._model_ready()
@@ -260,7 +270,7 @@ class Gateway:
         if verb != "predict":
             return _json(404, {"error": f"unknown v1 verb {verb!r}: use /v1/models/{model}:predict"})
         try:
-            body = await self._body(request)
+            body = await request.read()
             json_object(body, "KServe v1")
         except ProtocolError as exc:
             return _json(exc.status, {"error": str(exc)})
@@ -270,7 +280,7 @@ class Gateway:
         model, version = request.match_info["model"], request.match_info.get("version")
         path = f"/predictions/{quote(model)}/{quote(version)}" if version else f"/v2/models/{quote(model)}/infer"
         try:
-            raw = await self._body(request)
+            raw = await request.read()
             body, converted = read_v2(raw, request.headers.get(HEADER_LENGTH))
         except ProtocolError as exc:
             return _json(exc.status, {"error": str(exc)})
@@ -288,25 +298,6 @@ class Gateway:
             return web.Response(status=200, body=payload, content_type="application/json")
         return web.Response(status=200, body=payload, content_type="application/octet-stream",
                             headers={HEADER_LENGTH: str(json_length)})
-
-    async def _body(self, request: web.Request) -> bytes:
-        """The request body, gzip/deflate undone when the client compressed it (tritonclient can)."""
-        body = await request.read()
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding == "identity":
-            return body
-        if encoding not in ("gzip", "deflate"):
-            raise ProtocolError(f"Content-Encoding {ascii(encoding)[:40]} is not supported: use gzip, deflate "
-                                "or none", 415)
-        inflate = zlib.decompressobj(zlib.MAX_WBITS | (16 if encoding == "gzip" else 0))
-        limit = self.upstream.max_request_size
-        try:
-            out = inflate.decompress(body, limit + 1)
-        except zlib.error:
-            raise ProtocolError(f"the body is not valid {encoding} data") from None
-        if len(out) > limit:
-            raise ProtocolError(f"request body larger than {limit} bytes once decompressed", 413)
-        return out
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         return await self._forward(request, request.rel_url.raw_path)
