@@ -1,0 +1,105 @@
+"""KServe's and Triton's own Python clients against the serving image, run as the ServingRuntime describes it.
+
+Each client (oldest and newest supported kserve and tritonclient, requirements-clients/) lives in its own
+virtual environment (scripts/client-venvs.sh) and runs tests/support/client_probe.py, which sends the same
+ten digits every way that client can: KServe v1 base64 instances, v2 BYTES (raw and base64), FP32 as JSON
+and binary, UINT8, with JSON, binary and mixed outputs. Every way must give the offline service's answers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.containers import build_images, engine_or_reason, start_predictor, wait_for_probe
+from support.imagegen import png_bytes
+
+from handler.service import EmbeddingService
+from pipeline.kserve import inference_service, stage_layout
+from settings import MODEL_NAME, MODEL_VERSION, REPO
+
+ENGINE, WHY_NOT = engine_or_reason()
+pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
+
+PROBE = Path(__file__).resolve().parents[1] / "support" / "client_probe.py"
+CLIENTS = sorted(p.stem for p in (REPO / "requirements-clients").glob("*.txt"))
+
+
+@pytest.fixture(scope="module")
+def pythons() -> dict[str, str]:
+    """{client name: the python of its venv}, made (or found cached) by scripts/client-venvs.sh."""
+    result = subprocess.run([str(REPO / "scripts" / "client-venvs.sh")], capture_output=True, text=True,
+                            timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(line.split(" ", 1) for line in result.stdout.splitlines())
+
+
+@pytest.fixture(scope="module")
+def predictor(model_store, tmp_path_factory):
+    """The serving image with the storage initializer's layout at /mnt/models: (url, key)."""
+    images = build_images(ENGINE, only="serving")
+    out = tmp_path_factory.mktemp("mnt-models")
+    stage_layout(model_store / "embedding.mar", MODEL_NAME, MODEL_VERSION, out)
+    subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)  # the image runs as uid 10001
+    manifest = inference_service("embedding", "models", out.as_uri(), "v2", MODEL_NAME, MODEL_VERSION)
+    container, url, key, spec = start_predictor(images, (out, manifest), f"embedding-clients-{uuid.uuid4().hex[:6]}")
+    try:
+        wait_for_probe(url, spec["readinessProbe"], 180, container)
+        yield url, key
+    finally:
+        container.remove()
+
+
+@pytest.fixture(scope="module")
+def digits(prepared_sample) -> list[np.ndarray]:
+    return [prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == d)[0])] for d in range(10)]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_artifacts, digits) -> list[dict]:
+    answers, _ = EmbeddingService.from_dir(tiny_artifacts).answer([png_bytes(d) for d in digits])
+    return answers
+
+
+def same_as_offline(case: str, got: dict | list, want: list[dict]) -> None:
+    if isinstance(got, dict) and "predictions" in got:  # KServe v1
+        got = {"label": [p["pred"] for p in got["predictions"]], "unknown": [p["unknown"] for p in got["predictions"]],
+               "distance": [p["dist"] for p in got["predictions"]],
+               "confidence": [p["confidence"] for p in got["predictions"]],
+               "neighbour_labels": [[n["label"] for n in p["neighbours"]] for p in got["predictions"]],
+               "neighbour_distances": [[n["dist"] for n in p["neighbours"]] for p in got["predictions"]]}
+    assert got["label"] == [w["pred"] for w in want], case
+    assert got["unknown"] == [w["unknown"] for w in want], case
+    assert got["neighbour_labels"] == [[n["label"] for n in w["neighbours"]] for w in want], case
+    np.testing.assert_allclose(got["distance"], [w["dist"] for w in want], atol=1e-4, err_msg=case)
+    np.testing.assert_allclose(got["confidence"], [w["confidence"] for w in want], atol=1e-4, err_msg=case)
+    np.testing.assert_allclose(got["neighbour_distances"], [[n["dist"] for n in w["neighbours"]] for w in want],
+                               atol=1e-4, err_msg=case)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_client_gets_the_offline_answers_every_way_it_sends(client, pythons, predictor, digits, expected, tmp_path):
+    url, key = predictor
+    given = tmp_path / "digits.json"
+    given.write_text(json.dumps({"pngs": [base64.b64encode(png_bytes(d)).decode() for d in digits],
+                                 "pixels": [d.tolist() for d in digits]}))
+    kind = client.split("-")[0].replace("tritonclient", "triton")
+    result = subprocess.run([pythons[client], "-I", str(PROBE), kind, url, MODEL_NAME, key, str(given)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    print(f"{client}: version {report['version']}, checks {report['checks']}, cases {sorted(report['cases'])}")
+    assert report["version"].startswith(client.split("-")[1])
+    checks = report["checks"]
+    assert all(v is True for k, v in checks.items() if k != "metadata outputs"), checks
+    if "metadata outputs" in checks:
+        assert {"label", "distance", "unknown", "neighbour_labels"} <= set(checks["metadata outputs"])
+    assert len(report["cases"]) >= 4
+    for case, got in report["cases"].items():
+        same_as_offline(f"{client}: {case}", got, expected)
+
