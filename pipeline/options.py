@@ -11,8 +11,11 @@ import argparse
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import backend
 from . import params as P
 
+#: What --secret-name-parameter puts in the package.
+SECRET_NAME_PARAMETER = backend.FEATURES[("secretAsVolume", "secretNameParameter")]
 #: Every task of the pipeline, as the compiled package names its component.
 TASKS = ("load-data", "train", "build-index", "evaluate", "archive", "deploy-local", "compare-with-deployed",
          "deploy-kserve")
@@ -28,18 +31,22 @@ class Resources:
     memory_limit: str
 
 
-#: Requests are about the peak resident memory each task reached in a local run of the default parameters
-#: (`python -m pipeline run-local`, deploy_target kserve with kserve_dry_run), limits leave headroom for
-#: larger data sources; CPU: training and embedding use 2 cores, the others one or less.
+#: Memory requests sit above the peak resident memory (kernel VmHWM, task process and its children) each task
+#: reached in a local run of the default parameters with one epoch (`python -m pipeline run-local --epochs 1
+#: --deploy-target kserve --kserve-dry-run`, mnist-sample): load-data 529 MiB, train 873, build-index 493,
+#: evaluate 454, compare-with-deployed 75, deploy-kserve 251; archive 81 (its 3 s measured alone with GNU time
+#: -v). Limits leave room for larger data
+#: sources (full MNIST or Fashion-MNIST). deploy-local refuses to run on a cluster. CPU: training and embedding
+#: use several cores, the others about one.
 DEFAULT_RESOURCES: dict[str, Resources] = {
     "load-data": Resources("500m", "1", "768Mi", "2Gi"),
-    "train": Resources("2", "4", "1536Mi", "4Gi"),
-    "build-index": Resources("1", "2", "1Gi", "3Gi"),
-    "evaluate": Resources("1", "2", "1Gi", "3Gi"),
-    "archive": Resources("500m", "1", "768Mi", "2Gi"),
-    "deploy-local": Resources("1", "2", "1536Mi", "3Gi"),
-    "compare-with-deployed": Resources("250m", "1", "512Mi", "1Gi"),
-    "deploy-kserve": Resources("500m", "1", "768Mi", "2Gi"),
+    "train": Resources("2", "4", "1Gi", "4Gi"),
+    "build-index": Resources("1", "2", "768Mi", "3Gi"),
+    "evaluate": Resources("1", "2", "768Mi", "3Gi"),
+    "archive": Resources("250m", "1", "256Mi", "1Gi"),
+    "deploy-local": Resources("250m", "1", "256Mi", "512Mi"),
+    "compare-with-deployed": Resources("250m", "500m", "256Mi", "512Mi"),
+    "deploy-kserve": Resources("250m", "1", "512Mi", "1Gi"),
 }
 
 
@@ -65,8 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--storage-secret", default=P.STORAGE_SECRET.default, metavar="NAME",
                        help=P.STORAGE_SECRET.help + f" (default: {P.STORAGE_SECRET.default!r})")
     group.add_argument("--secret-name-parameter", action="store_true",
-                       help="make the storage Secret's name the run parameter storage_secret (needs a newer KFP "
-                            "backend: see pipeline/backend.py)")
+                       help="make the storage Secret's name the run parameter storage_secret (needs KFP backend "
+                            f"{backend.version_text(SECRET_NAME_PARAMETER.since)} or later)")
     group.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
                        help="Secret every task pod pulls the pipeline image with (repeatable)")
     group.add_argument("--task-cpu", action="append", default=[], metavar="TASK=REQUEST[/LIMIT]",
