@@ -106,3 +106,16 @@ def test_custom_metrics_count_and_time_the_traffic(torchserve, images):
     assert after["EmbeddingTop1Distance"] == pytest.approx(last["dist"], abs=1e-5)
     for name in ("EmbeddingPreprocessMs", "EmbeddingInferenceMs", "EmbeddingSearchMs"):
         assert 0 < after[name] < 2000, (name, after[name])
+
+
+def test_handler_metrics_carry_the_model_version(torchserve, images):
+    """Every Embedding* sample of the model names the .mar's version (ModelVersion), as the rules can select."""
+    digits, _ = images
+    with EmbeddingClient(torchserve.endpoints.inference, token=torchserve.keys()["inference"]) as client:
+        version = client.predict(digits[1])["model_version"]
+    settled(torchserve, lambda v: "EmbeddingAnsweredImages" in v)
+    with urllib.request.urlopen(f"{torchserve.endpoints.metrics}/metrics", timeout=10) as response:
+        lines = [line for line in response.read().decode().splitlines()
+                 if line.startswith("Embedding") and 'ModelName="embedding"' in line]
+    assert {line.split("{")[0] for line in lines} >= set(METRIC_NAMES)
+    assert all(f'ModelVersion="{version}"' in line for line in lines), lines
