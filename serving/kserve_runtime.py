@@ -37,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 from urllib.parse import quote, urlsplit
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
@@ -67,6 +67,9 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
               "transfer-encoding", "upgrade", "host", "content-length", "authorization"}
 #: Headers of a v1/v2 request that describe the client's body, not the JSON the gateway hands TorchServe.
 BODY_HEADERS = {"content-type", "content-encoding", HEADER_LENGTH.lower()}
+#: Bodies from this size on are parsed and written in a worker thread, not on the event loop.
+OFF_LOOP_BYTES = 256 * 1024
+T = TypeVar("T")
 #: The platform the v2 model metadata names.
 V2_PLATFORM = "pytorch_torchscript"
 
@@ -271,7 +274,7 @@ class Gateway:
             return _json(404, {"error": f"unknown v1 verb {verb!r}: use /v1/models/{model}:predict"})
         try:
             body = await request.read()
-            json_object(body, "KServe v1")
+            await _off_loop(len(body), json_object, body, "KServe v1")
         except ProtocolError as exc:
             return _json(exc.status, {"error": str(exc)})
         return await self._forward(request, f"/v1/models/{quote(model)}:predict", body, "application/json")
@@ -281,19 +284,19 @@ class Gateway:
         path = f"/predictions/{quote(model)}/{quote(version)}" if version else f"/v2/models/{quote(model)}/infer"
         try:
             raw = await request.read()
-            body, converted = read_v2(raw, request.headers.get(HEADER_LENGTH))
+            body, converted = await _off_loop(len(raw), read_v2, raw, request.headers.get(HEADER_LENGTH))
         except ProtocolError as exc:
             return _json(exc.status, {"error": str(exc)})
         default, chosen = binary_outputs(body)
-        response = await self._forward(request, path, json.dumps(body).encode() if converted else raw,
-                                       "application/json")
+        forwarded = await _off_loop(len(raw), lambda: json.dumps(body).encode()) if converted else raw
+        response = await self._forward(request, path, forwarded, "application/json")
         if response.status != 200 or not (default or any(chosen.values())):
             return response
         try:
-            answer = json.loads(response.body)
+            answer = await _off_loop(len(response.body), json.loads, response.body)
         except (TypeError, ValueError):
             return response
-        payload, json_length = write_v2(answer, default, chosen)
+        payload, json_length = await _off_loop(len(response.body), write_v2, answer, default, chosen)
         if json_length is None:
             return web.Response(status=200, body=payload, content_type="application/json")
         return web.Response(status=200, body=payload, content_type="application/octet-stream",
@@ -326,6 +329,14 @@ class Gateway:
         except (ClientError, asyncio.TimeoutError) as exc:
             logger.warning("TorchServe did not answer %s %s: %s", request.method, path, exc)
             return _json(503, {"error": "the model server is not answering; retry shortly"})
+
+
+async def _off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, in a worker thread when `size` bytes make it long enough to stall the event loop (probes
+    and other requests wait while a multi-megabyte body is parsed)."""
+    if size < OFF_LOOP_BYTES:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 def _torchserve_version() -> str:

@@ -124,3 +124,19 @@ def test_no_binary_output_leaves_plain_json():
     answer = {"model_name": "m", "outputs": [{"name": "label", "datatype": "BYTES", "shape": [1], "data": ["1"]}]}
     body, length = write_v2(answer, False, {})
     assert length is None and json.loads(body) == answer
+
+
+def test_large_bodies_are_parsed_off_the_event_loop():
+    """A multi-megabyte body parsed on the loop would stall probes and every other request meanwhile."""
+    import asyncio
+    import threading
+
+    from serving.kserve_runtime import OFF_LOOP_BYTES, _off_loop
+
+    async def threads() -> tuple[int, int, int]:
+        small = await _off_loop(OFF_LOOP_BYTES - 1, threading.get_ident)
+        large = await _off_loop(OFF_LOOP_BYTES, threading.get_ident)
+        return threading.get_ident(), small, large
+
+    loop_thread, small, large = asyncio.run(threads())
+    assert small == loop_thread and large != loop_thread
