@@ -246,7 +246,8 @@ def plot_run(url: str, start: float, end: float, out: Path, phases: Sequence[tup
 
     fig, axes = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True)
     panels = [
-        (axes[0], "milliseconds", [("1000 * embedding:latency_mean_seconds:rate5m", "mean request latency (TorchServe)"),
+        (axes[0], "milliseconds", [("1000 * embedding:latency_mean_seconds:rate5m",
+                                    "mean request latency (TorchServe)"),
                                    ("1000 * embedding:batch_seconds:p99_5m", "p99 of sampled batch handler time")]),
         (axes[1], "ratio", [("embedding:unknown_ratio:rate5m", "unknown-answer ratio"),
                             ("clamp_min(10 * embedding:baseline_unknown_rate, 0.05)", "alert threshold")]),

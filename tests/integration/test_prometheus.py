@@ -121,8 +121,8 @@ def test_every_alert_says_what_to_do_locally_and_on_kserve():
         local, kserve = rule["annotations"].get("runbook_local", ""), rule["annotations"].get("runbook_kserve", "")
         assert local and kserve, rule["alert"]
         assert "kubectl" not in local and ("python -m" in local or "logs/" in local), (rule["alert"], local)
-        assert kserve.startswith("kubectl -n $NS ") and (ISVC_PODS in kserve or "inferenceservice embedding" in kserve), \
-            (rule["alert"], kserve)
+        assert kserve.startswith("kubectl -n $NS "), (rule["alert"], kserve)
+        assert ISVC_PODS in kserve or "inferenceservice embedding" in kserve, (rule["alert"], kserve)
         assert "{{" not in local + kserve  # static text: nothing for the template engine to get wrong
 
 

@@ -55,7 +55,8 @@ def test_a_label_the_series_does_not_carry_is_reported(cluster, tmp_path):
     (rules / "r.yml").write_text("groups:\n- name: g\n  rules:\n"
                                  "  - record: a\n    expr: sum(EmbeddingAnsweredImages{model_name=\"embedding\"})\n"
                                  "  - record: b\n    expr: sum(ts_inference_requests_total{ModelName=\"embedding\"})\n"
-                                 "  - record: c\n    expr: sum(EmbeddingAnsweredImages{ModelVersion=\"1.0\", job=\"x\"})\n")
+                                 "  - record: c\n"
+                                 "    expr: sum(EmbeddingAnsweredImages{ModelVersion=\"1.0\", job=\"x\"})\n")
     assert prom.unproduced_selectors(cluster, rules) == [
         "r.yml a: EmbeddingAnsweredImages has no label model_name",
         "r.yml b: ts_inference_requests_total has no label ModelName"]
