@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from serving.server import ServerError
 
-from . import backend, images
+from . import backend, images, rollback
 from . import options as O
 from . import params as P
 
@@ -66,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run-local", help="run every task here with kfp.local (subprocesses of this Python)")
     r.add_argument("--workdir", type=Path, default=Path("local_outputs"), help="pipeline root for the outputs")
     P.add_arguments(r, deploy_target="local")
+    b = sub.add_parser("rollback", help="serve a version the deploy record lists again")
+    rollback.add_arguments(b)
     t = sub.add_parser("runtime", help=f"write {RUNTIME_MANIFEST.relative_to(RUNTIME_MANIFEST.parents[2])} "
                                        "with the serving image pinned by digest")
     t.add_argument("--image", required=True, metavar="REF",
@@ -375,6 +377,8 @@ def _ask_local(values: dict[str, Any], workdir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "rollback":
+        return rollback.run(args)
     try:
         if args.command == "runtime":
             _runtime(args.image, args.allow_tag, args.out)

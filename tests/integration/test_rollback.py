@@ -114,3 +114,13 @@ def test_without_the_role_it_refuses_on_one_line(two_versions, capsys):
     assert (rc, out) == (1, [])
     assert err == ["rollback: error: cannot read InferenceService models/embedding or its deploy record: 403 Forbidden "
                    "(the Role of deploy/kubeflow/rbac.yaml grants what rollback needs)"]
+
+
+def test_the_pipeline_cli_runs_rollback(two_versions, capsys):
+    from pipeline.cli import main
+
+    rc = main(["rollback", "--to", "1.0", "--namespace", "models", "--poll", "0.01", "--timeout", "5"])
+    out, err = capsys.readouterr()
+    assert (rc, err) == (0, "")
+    assert out.startswith("rolled InferenceService models/embedding back from version 2.0 to 1.0")
+    assert storage_uri(two_versions) == "pvc://models/embedding/1.0"
