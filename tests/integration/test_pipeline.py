@@ -122,21 +122,18 @@ def test_compiled_kserve_deploy_takes_credentials_only_from_the_secret(compiled)
     object_storage = executors["exec-deploy-kserve"]
     pvc_storage = executors["exec-deploy-kserve-2"]
     for config in (object_storage, pvc_storage):
-        (env,) = config["secretAsEnv"]
-        assert {e["envVar"] for e in env["keyToEnv"]} == set(P.STORAGE_SECRET_ENV) and env["optional"] is True
-        assert env["secretNameParameter"]["componentInputParameter"] == "pipelinechannel--storage_secret"
+        assert "secretAsEnv" not in config  # SecretAsEnv.optional needs backend 2.15: the files of the volume instead
         (volume,) = config["secretAsVolume"]
         assert volume["mountPath"] == P.STORAGE_SECRET_MOUNT and volume["optional"] is True
+        assert volume["secretName"] == P.STORAGE_SECRET.default
     assert "pvcMount" not in object_storage
     (mount,) = pvc_storage["pvcMount"]
     assert mount["mountPath"] == "/mnt/pvc"
-    assert mount["pvcNameParameter"]["componentInputParameter"] == "pipelinechannel--kserve_pvc_claim"
-    text = yaml.safe_dump(compiled)
-    assert "AWS_SECRET_ACCESS_KEY" in text  # as a key name only
+    assert mount["componentInputParameter"] == "pipelinechannel--kserve_pvc_claim"
     declared = compiled["root"]["inputDefinitions"]["parameters"]
     secretish = {name for name in declared if any(w in name for w in ("secret", "key", "token", "password"))}
-    assert secretish == {"storage_secret", "kserve_api_key_secret"}  # names of Secrets, not their values
-    assert all(re.fullmatch(r"[a-z0-9-]+", declared[name]["defaultValue"]) for name in secretish)
+    assert secretish == {"kserve_api_key_secret", "kserve_image_pull_secret"}  # names of Secrets, not their values
+    assert all(re.fullmatch(r"[a-z0-9-]*", declared[name]["defaultValue"]) for name in secretish)
 
 
 def test_compiled_train_task_takes_the_training_parameters(compiled):
@@ -338,7 +335,9 @@ def test_kserve_dry_run_layout_and_manifest(mar, tmp_path):
     # TorchServe only on loopback inside the pod: the gateway (serving.kserve_runtime) is the way in.
     assert props["inference_address"] == "http://127.0.0.1:8085"
     assert props["management_address"] == "http://127.0.0.1:8086"
-    assert props["metrics_address"] == "http://0.0.0.0:8082"
+    # TorchServe's metrics on loopback; the gateway serves them with its latency histogram on the metrics port.
+    assert props["metrics_address"] == "http://127.0.0.1:8087"
+    assert props["gateway_metrics_address"] == "http://0.0.0.0:8082"
     assert props["disable_token_authorization"] == "true" and props["install_py_dep_per_model"] == "false"
     assert "enable_envvars_config" not in props and "service_envelope" not in props
     assert props["model_store"] == "/mnt/models/model-store"
@@ -424,10 +423,10 @@ def test_kserve_component_dry_run_with_kfp_local(mar, tmp_path):
     assert predictor["model"]["runtime"] == "torchserve-faiss" and predictor["serviceAccountName"] == "models-sa"
     assert manifest["metadata"]["namespace"] == "serving"
     assert _files(tmp_path / "store") == ["2.0/config/config.properties", "2.0/model-store/embedding.mar"]
-    from handler.artifacts import sha256_file
-    from pipeline.gate import annotations_for
-
-    assert manifest["metadata"]["annotations"] == annotations_for(0.9312, 0.5, "2.0", sha256_file(mar), "run-42")
+    # What is deployed is recorded only once a revision serves (never by a dry run), and never as annotations,
+    # which KServe would copy into a new revision.
+    assert "annotations" not in manifest["metadata"]
+    assert manifest["metadata"]["labels"]["app.kubernetes.io/version"] == "2.0"
 
 
 class FakeCluster:
