@@ -32,6 +32,8 @@ DEFAULT_MODEL_STORE = REPO / "model_store"
 KEY_FILE = "key_file.json"
 #: The training data when none is named: the MNIST sample bundled with the repository (offline).
 DEFAULT_DATA_SOURCE = "mnist-sample"
+#: Where a task has the claim of a pvc:// URI mounted (kfp-kubernetes mount_pvc), overridable for other mounts.
+PVC_MOUNT_ENV, PVC_MOUNT_DEFAULT = "PVC_MOUNT_PATH", "/mnt/pvc"
 #: Torch threads of one-process jobs (training, evaluation, the offline service) unless --threads or
 #: $OMP_NUM_THREADS say otherwise. Fixed rather than "all cores" because the thread count changes the order of
 #: floating-point sums, so the same seed gives the same model only at the same count; 2 is the small machine

@@ -19,11 +19,18 @@ component = dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False, 
 
 @component
 def load_data(source: str, dataset: Output[Dataset], preprocessing: str = "auto") -> None:
-    """Load and validate a data source; write the canvases of the preprocessing profile as .npz."""
+    """Load and validate a data source; write the canvases of the preprocessing profile as .npz.
+
+    s3:// and gs:// sources read their credentials from the mounted storage Secret's files
+    (pipeline.params.storage_environment), as the deploy task does.
+    """
+    import os
     from pathlib import Path
 
+    from pipeline.params import storage_environment
     from training.steps import prepare_data
 
+    os.environ.update(storage_environment())
     data = prepare_data(source, profile=preprocessing)
     data.save(Path(dataset.path))
     dataset.metadata.update({"format": "npz", "preprocessing": data.profile, **data.summary()})
@@ -158,8 +165,8 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
                   image_pull_secret: str = "") -> str:
     """Publish the KServe model store and create or patch the InferenceService; returns its URL.
 
-    The InferenceService is annotated with what was deployed (accuracy, open-set rejection, version,
-    .mar SHA-256, run id): the next run's gate reads them. Storage credentials come from the mounted
+    What was deployed (accuracy, open-set rejection, version, .mar SHA-256, run id) is recorded in the
+    ConfigMap `<service>-deployed-model` once the new revision serves: the next run's gate reads it. Storage credentials come from the mounted
     storage Secret's files (pipeline.params.storage_environment).
     """
     import json

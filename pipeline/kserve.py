@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from settings import (CONFIG_FILE, MODEL_CONFIG_FILE, POD_TORCHSERVE_PORT, Endpoints, properties, read_properties,
-                      write_properties)
+from settings import (CONFIG_FILE, MODEL_CONFIG_FILE, POD_TORCHSERVE_PORT, PVC_MOUNT_DEFAULT, PVC_MOUNT_ENV, Endpoints,
+                      properties, read_properties, write_properties)
 
 from .manifests import ManifestError, validate
 
@@ -48,16 +48,11 @@ DEFAULT_RUNTIME = "mnist-embedding-torchserve"
 #: Secret (in the InferenceService's namespace) whose key `api-key` callers present as a bearer token.
 DEFAULT_API_KEY_SECRET = "mnist-embedding-api-key"
 API_KEY_ENV = "INFERENCE_API_KEY"
-#: Where the deploy task has the claim of a pvc:// storage URI mounted (kfp-kubernetes mount_pvc).
-PVC_MOUNT_ENV, PVC_MOUNT_DEFAULT = "PVC_MOUNT_PATH", "/mnt/pvc"
 CLUSTER_SCHEMES = ("s3", "gs", "pvc")
 CONFIG_PATH = "config/config.properties"
 STORE_DIR = "model-store"
 MODEL_STORE_MOUNT = "/mnt/models/model-store"
 SNAPSHOT_KEYS = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout")
-#: Settings of the project's config.properties that hold inside the cluster too (limits, metrics format).
-CARRIED = ("max_request_size", "max_response_size", "limit_max_image_pixels", "job_queue_size",
-           "default_response_timeout", "vmargs", "metrics_mode", "enable_model_api")
 
 
 class KServeError(Exception):

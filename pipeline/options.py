@@ -55,6 +55,8 @@ class CompileOptions:
     storage_secret: str = P.STORAGE_SECRET.default
     secret_name_parameter: bool = False
     image_pull_secrets: tuple[str, ...] = ()
+    #: A claim mounted in the load-data task at settings.PVC_MOUNT_DEFAULT, for a pvc:// data_source.
+    data_pvc_claim: str = ""
     resources: dict[str, Resources] = field(default_factory=lambda: dict(DEFAULT_RESOURCES))
 
     def run_params(self) -> tuple[P.Param, ...]:
@@ -76,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             f"{backend.version_text(SECRET_NAME_PARAMETER.since)} or later)")
     group.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
                        help="Secret every task pod pulls the pipeline image with (repeatable)")
+    group.add_argument("--data-pvc-claim", default="", metavar="CLAIM",
+                       help="PersistentVolumeClaim mounted in the load-data task for a pvc://CLAIM/PATH data_source "
+                            "(default: none)")
     group.add_argument("--task-cpu", action="append", default=[], metavar="TASK=REQUEST[/LIMIT]",
                        help=f"CPU of a task ({', '.join(TASKS)} or all); one value sets both")
     group.add_argument("--task-memory", action="append", default=[], metavar="TASK=REQUEST[/LIMIT]",
@@ -84,9 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_namespace(args: argparse.Namespace) -> CompileOptions:
     """The options given on the command line; ParamError (one line) for a value that cannot be used."""
-    for name in (args.storage_secret, *args.image_pull_secret):
+    for name in (args.storage_secret, *args.image_pull_secret, *([args.data_pvc_claim] if args.data_pvc_claim else [])):
         if not P.SECRET_NAME.match(name):
-            raise P.ParamError(f"{name!r} is not {P.SECRET_NAME_RULE}")
+            raise P.ParamError(f"{name!r} is not {P.SECRET_NAME_RULE.replace('a Secret name', 'a Kubernetes name')}")
     resources = dict(DEFAULT_RESOURCES)
     for flag, kind in (("--task-cpu", "cpu"), ("--task-memory", "memory")):
         for text in getattr(args, flag[2:].replace("-", "_")):
@@ -99,4 +104,5 @@ def from_namespace(args: argparse.Namespace) -> CompileOptions:
                 resources[name] = replace(resources[name], **{f"{kind}_request": request,
                                                               f"{kind}_limit": limit or request})
     return CompileOptions(storage_secret=args.storage_secret, secret_name_parameter=args.secret_name_parameter,
-                          image_pull_secrets=tuple(args.image_pull_secret), resources=resources)
+                          image_pull_secrets=tuple(args.image_pull_secret), data_pvc_claim=args.data_pvc_claim,
+                          resources=resources)

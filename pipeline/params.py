@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from handler.search import DEFAULT_K
 from settings import DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_NAME_RULE, MODEL_VERSION
+from training.data import SOURCE_FORMS, source_problem
 from training.index import INDEX_TYPES
 from training.quantize import QUANTIZATION
 from training.steps import PROFILE_CHOICES
@@ -69,7 +70,7 @@ class Param:
 
 _TRAIN = TrainConfig()
 PARAMS: tuple[Param, ...] = (
-    Param("data_source", str, DEFAULT_DATA_SOURCE, f"{DEFAULT_DATA_SOURCE}, idx:DIR, download:mnist or folder:DIR"),
+    Param("data_source", str, DEFAULT_DATA_SOURCE, SOURCE_FORMS, check=source_problem),
     Param("preprocessing", str, "auto", "preprocessing profile (auto: full-frame for Fashion-MNIST, else digits)",
           choices=PROFILE_CHOICES),
     Param("epochs", int, _TRAIN.epochs, "training epochs", check=_positive),

@@ -13,9 +13,10 @@ from typing import Any
 from kfp import dsl, kubernetes
 from kfp.compiler.compiler_utils import _cpu_to_float, _memory_to_float
 
+from settings import PVC_MOUNT_DEFAULT
+
 from .components import (archive, build_index, compare_with_deployed, deploy_kserve, deploy_local, evaluate,
                          load_data, train)
-from .kserve import PVC_MOUNT_DEFAULT
 from .options import CompileOptions
 from .params import STORAGE_SECRET_MOUNT
 
@@ -50,7 +51,14 @@ class _Tasks:
 
 def _graph(p: dict[str, Any], options: CompileOptions) -> None:
     task = _Tasks(options)
-    data = task(load_data(source=p["data_source"], preprocessing=p["preprocessing"]))
+    # The storage Secret's name: a run parameter only where the backend reads one (--secret-name-parameter).
+    secret = p["storage_secret"] if options.secret_name_parameter else options.storage_secret
+    # The data behind a URI can change while the URI does not: never reuse a cached load. The storage Secret
+    # gives the task its credentials for s3:// and gs:// sources (training.data.remote reads them from the env).
+    data = task(load_data(source=p["data_source"], preprocessing=p["preprocessing"])).set_caching_options(False)
+    kubernetes.use_secret_as_volume(data, secret_name=secret, mount_path=STORAGE_SECRET_MOUNT, optional=True)
+    if options.data_pvc_claim:
+        kubernetes.mount_pvc(data, pvc_name=options.data_pvc_claim, mount_path=PVC_MOUNT_DEFAULT)
     trained = task(train(dataset=data.outputs["dataset"], epochs=p["epochs"], embedding_dim=p["embedding_dim"],
                          width=p["width"], seed=p["seed"], k=p["k"], quantize=p["quantize"],
                          precision=p["precision"]))
@@ -61,8 +69,6 @@ def _graph(p: dict[str, Any], options: CompileOptions) -> None:
                           model_version=p["model_version"]))
     accuracy = evaluated.outputs["Output"]
     mar = packed.outputs["mar"]
-    # The storage Secret's name: a run parameter only where the backend reads one (--secret-name-parameter).
-    secret = p["storage_secret"] if options.secret_name_parameter else options.storage_secret
 
     with dsl.If(accuracy >= p["min_accuracy"], name="quality-gate"):
         with dsl.If(p["deploy_target"] == "local", name="target-local"):

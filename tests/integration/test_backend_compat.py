@@ -28,6 +28,7 @@ VARIANTS = {
         image_pull_secrets=("regcred", "mirror-cred"),
         resources={**DEFAULT_RESOURCES, "train": Resources("3", "3500m", "3G", "6Gi")}),
     "secret-name-parameter": CompileOptions(secret_name_parameter=True),
+    "data-pvc-claim": CompileOptions(data_pvc_claim="training-data"),
 }
 
 
@@ -140,7 +141,7 @@ def test_the_package_parses_on_the_oldest_backend(packages, oldest, label):
     configured = {name for name in results[label] if name.startswith("exec-")}  # each task's config was parsed
     pulling = bool(VARIANTS[label].image_pull_secrets)
     assert configured == ({f"exec-{task}" for task in TASKS} | {"exec-deploy-kserve-2"} if pulling else
-                          {"exec-deploy-kserve", "exec-deploy-kserve-2"})
+                          {"exec-load-data", "exec-deploy-kserve", "exec-deploy-kserve-2"})
 
 
 @pytest.mark.parametrize("label", [*VARIANTS, "raw", "pre-fix"])
@@ -156,7 +157,7 @@ def test_an_opt_in_names_its_backend_and_the_oldest_refuses_it(packages, oldest,
     _, results = oldest
     assert needed == NEWEST_ONLY[label]
     failed = _failed(results[label])
-    assert set(failed) == {"exec-deploy-kserve", "exec-deploy-kserve-2"}
+    assert set(failed) == {"exec-load-data", "exec-deploy-kserve", "exec-deploy-kserve-2"}
     assert all('no field named "secretNameParameter"' in error for error in failed.values()), failed
 
 
@@ -210,13 +211,20 @@ def test_every_task_has_its_resources_in_the_fields_the_oldest_backend_reads(pac
 def test_the_storage_secret_is_a_constant_optional_volume(packages):
     _, platform, _ = packages["default"]
     configs = backend.executor_configs(platform)
-    for name in ("exec-deploy-kserve", "exec-deploy-kserve-2"):
+    for name in ("exec-load-data", "exec-deploy-kserve", "exec-deploy-kserve-2"):
         (volume,) = configs[name]["secretAsVolume"]
         assert volume == {"mountPath": "/var/secrets/storage", "optional": True,
                           "secretName": "mnist-embedding-storage"}
         assert "secretAsEnv" not in configs[name]
     (mount,) = configs["exec-deploy-kserve-2"]["pvcMount"]
     assert mount == {"componentInputParameter": "pipelinechannel--kserve_pvc_claim", "mountPath": "/mnt/pvc"}
+    assert "pvcMount" not in configs["exec-load-data"]
+
+
+def test_a_data_claim_is_mounted_in_the_load_data_task(packages):
+    _, platform, _ = packages["data-pvc-claim"]
+    (mount,) = backend.executor_configs(platform)["exec-load-data"]["pvcMount"]
+    assert mount == {"constant": "training-data", "mountPath": "/mnt/pvc"}
 
 
 def test_a_parameterised_resource_keeps_its_newer_field():

@@ -45,12 +45,6 @@ def test_bad_uris_are_one_line_errors_before_any_network(source, message, tmp_pa
     assert not (tmp_path / "remote").exists()
 
 
-def test_pvc_mount_is_the_one_the_model_upload_uses():
-    from pipeline import kserve
-
-    assert (PVC_MOUNT_ENV, PVC_MOUNT_DEFAULT) == (kserve.PVC_MOUNT_ENV, kserve.PVC_MOUNT_DEFAULT)
-
-
 def test_pvc_idx_layout_is_read_from_the_mounted_claim(tmp_path, monkeypatch):
     mount = tmp_path / "mnt"
     arrays = make_idx_dir(mount / "sets" / "mnist", n_train=30, n_test=10)

@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from settings import PVC_MOUNT_DEFAULT, PVC_MOUNT_ENV
+
 from . import DataError
 from .folder import is_image_name, is_label_name
 from .idx import select_idx_files
 
 SCHEMES = ("s3", "gs", "pvc")
 LAYOUTS = ("idx", "folder")
-#: Where a task has the claim of a pvc:// URI mounted; the same variable and default as the model upload's.
-PVC_MOUNT_ENV, PVC_MOUNT_DEFAULT = "PVC_MOUNT_PATH", "/mnt/pvc"
 URI_FORMS = "s3://<bucket>/<prefix>, gs://<bucket>/<prefix> or pvc://<claim>/<path>"
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,250}[A-Za-z0-9])?$")
 
