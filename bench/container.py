@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from client import ClientError, ManagementClient
-from pipeline.kserve import API_KEY_ENV, INFERENCE_PORT, METRICS_PORT, stage_layout
+from pipeline.kserve import API_KEY_ENV, INFERENCE_PORT, METRICS_PORT, TORCHSERVE_METRICS_PORT, stage_layout
 from pipeline.manifests import engine_limit_args
 from serving.archive import build_mar
 from settings import DEFAULT_ARTIFACTS, MODEL_NAME, MODEL_VERSION, REPO
@@ -62,7 +62,7 @@ MODEL, VERSION = MODEL_NAME, MODEL_VERSION
 RUNTIME_YAML = REPO / "deploy" / "kserve" / "servingruntime.yaml"
 IMAGES_JSON = REPO / "build" / "images.json"
 #: Host ports the staged config.properties binds (TorchServe's gRPC ports are its defaults).
-HOST_PORTS = (INFERENCE_PORT, INFERENCE_PORT + 1, METRICS_PORT, 7070, 7071)
+HOST_PORTS = (INFERENCE_PORT, INFERENCE_PORT + 1, METRICS_PORT, TORCHSERVE_METRICS_PORT, 7070, 7071)
 READY_TIMEOUT_S = 180.0
 POLL_S = 0.1
 #: `podman rm -f -t`: seconds the container gets to stop on SIGTERM before it is killed.
