@@ -42,14 +42,18 @@ def layout(model_store, tmp_path_factory) -> Path:
     return out
 
 
-def runtime(layout: Path, workdir: Path, port: int, key: str | None, *extra: str) -> subprocess.Popen:
+def runtime(layout: Path, workdir: Path, port: int, key: str | None, *extra: str, log: Path | None = None
+            ) -> subprocess.Popen:
+    """The gateway as the image runs it. Its output (TorchServe's whole log included) goes to a pipe, or to
+    `log`: a long-lived gateway must write to a file, or TorchServe blocks once nobody drains the pipe."""
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
     env.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(workdir)})
     if key:
         env[API_KEY_ENV] = key
     return subprocess.Popen([sys.executable, "-m", "serving.kserve_runtime", f"--model-store={layout}/model-store",
                              f"--ts-config={layout}/config/config.properties", f"--http-port={port}", *extra],
-                            cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=workdir, env=env, stdout=log.open("w") if log else subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
 def test_refuses_to_start_without_a_key(layout, tmp_path):
@@ -104,7 +108,7 @@ def test_gateway_in_front_of_a_real_torchserve(layout, tmp_path):
             proc.wait()
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -112,7 +116,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
                 return
         except OSError:
             pass
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, log.read_text()[-3000:] if log else proc.stdout.read()
         assert time.monotonic() < deadline, f"not ready after {timeout_s} s"
         time.sleep(0.5)
 
@@ -122,9 +126,10 @@ def gateway(layout, tmp_path_factory):
     """One gateway with its TorchServe for the protocol tests below: (url, key)."""
     (port,) = free_ports(1)
     url, key = f"http://127.0.0.1:{port}", "g" * 32
-    proc = runtime(layout, tmp_path_factory.mktemp("gateway"), port, key)
+    workdir = tmp_path_factory.mktemp("gateway")
+    proc = runtime(layout, workdir, port, key, log=workdir / "gateway.log")
     try:
-        wait_ready(url, proc, 120)
+        wait_ready(url, proc, 120, workdir / "gateway.log")
         yield url, key
     finally:
         proc.send_signal(signal.SIGTERM)
