@@ -48,6 +48,12 @@ DEFAULT_RUNTIME = "mnist-embedding-torchserve"
 #: Secret (in the InferenceService's namespace) whose key `api-key` callers present as a bearer token.
 DEFAULT_API_KEY_SECRET = "mnist-embedding-api-key"
 API_KEY_ENV = "INFERENCE_API_KEY"
+#: The predictor's CPU and memory, requests and limits alike (deploy/kserve/servingruntime.yaml says the same; a
+#: test holds them equal). From `python -m bench limits` (bench/results/limits.md): two workers, the JVM and the
+#: gateway peaked at 594-688 MB of memory cgroup under c=64 on the 5k gallery, so 1536Mi leaves the JVM room to
+#: grow its heap to its -Xmx512m; 1 CPU halved req/s at c=16 and doubled p99 at c=1 against 2 CPUs (the two
+#: workers each keep a core busy).
+PREDICTOR_CPU, PREDICTOR_MEMORY = "2", "1536Mi"
 CLUSTER_SCHEMES = ("s3", "gs", "pvc")
 CONFIG_PATH = "config/config.properties"
 STORE_DIR = "model-store"
@@ -71,8 +77,8 @@ class KServeTarget:
     runtime: str = DEFAULT_RUNTIME
     service_account: str = ""
     api_key_secret: str = DEFAULT_API_KEY_SECRET
-    cpu: str = "1"
-    memory: str = "2Gi"
+    cpu: str = PREDICTOR_CPU
+    memory: str = PREDICTOR_MEMORY
     timeout_s: float = 600.0
     poll_s: float = 5.0
     #: What is deployed (the gate's fields, pipeline.gate.annotations_for): recorded once the new revision serves.
@@ -277,7 +283,8 @@ def service_name_for(model_name: str) -> str:
 
 
 def inference_service(name: str, namespace: str, storage_uri: str, protocol: str, model_name: str, version: str,
-                      runtime: str = DEFAULT_RUNTIME, service_account: str = "", cpu: str = "1", memory: str = "2Gi",
+                      runtime: str = DEFAULT_RUNTIME, service_account: str = "", cpu: str = PREDICTOR_CPU,
+                      memory: str = PREDICTOR_MEMORY,
                       api_key_secret: str = DEFAULT_API_KEY_SECRET, annotations: dict[str, str] | None = None, *,
                       image_pull_secrets: list[str] | None = None,
                       resources: dict[str, dict[str, str]] | None = None) -> dict:

@@ -5,8 +5,9 @@ shipped ServingRuntime (deploy/kserve/servingruntime.yaml) and the storage mount
 
 Every answer is checked against the offline answer of the same artifacts; then TorchServe's Java process
 is killed inside the container, which must exit non-zero (so Kubernetes restarts it), and a second
-container must stop cleanly and quickly on SIGTERM. Resource limits and the securityContext's capability
-drop are not applied here (podman with runc on hybrid cgroups); the user id is.
+container must stop cleanly and quickly on SIGTERM. The container runs under the CPU and memory limits KServe
+would give it (support.containers.predictor_limits) and the runtime's user id; the securityContext's
+capability drop is not applied here.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import json
 import subprocess
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from support.containers import build_images, engine_or_reason, http_get, post, start_predictor, wait_for_probe
+from support.containers import (build_images, engine_or_reason, http_get, post, predictor_limits, start_predictor,
+                                wait_for_probe)
 from support.imagegen import png_bytes
 from serving.samples import user_digit_png
 from support.s3server import client_env, files, kserve_download, s3_server
@@ -27,6 +30,7 @@ from support.s3server import client_env, files, kserve_download, s3_server
 from client import BadImageError, EmbeddingClient
 from handler.service import EmbeddingService
 from pipeline.kserve import KServeTarget, deploy
+from pipeline.manifests import quantity
 
 ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
@@ -203,6 +207,24 @@ def test_hostile_requests_get_4xx_and_the_server_keeps_answering(predictor, offl
     status, body = post(predict, {"instances": [{"data": b64(png)}]}, key)
     assert status == 200
     close(body["predictions"], expected(offline, [png]))
+
+
+def test_the_predictor_answers_a_burst_under_the_inference_services_limits(predictor, mnt_models, canvases):
+    """The container runs with the CPU quota and memory limit KServe would give it (the InferenceService's over
+    the runtime's), and 16 concurrent callers are all answered without an OOM kill."""
+    container, url, key, spec = predictor
+    _, manifest = mnt_models
+    limits = predictor_limits(manifest, spec)
+    assert container.limits() == {"cpus": quantity(limits["cpu"]), "memory": quantity(limits["memory"])}
+    bodies = [{"instances": [{"data": b64(png_bytes(canvas))}]} for canvas in canvases]
+
+    def call(i: int) -> int:
+        return post(f"{url}/v1/models/embedding:predict", bodies[i % len(bodies)], key)[0]
+
+    with ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(call, range(320)))
+    assert statuses == [200] * 320
+    assert container.state()[0] == "running" and not container.oom_killed()
 
 
 def test_killing_torchserve_java_makes_the_container_exit_non_zero(predictor):

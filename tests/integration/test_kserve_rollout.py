@@ -133,8 +133,8 @@ def test_reading_the_claim_needs_the_role(cluster, archive, pvc):
 def test_image_pull_secrets_and_resources_reach_the_manifest():
     default = inference_service("embedding", "models", "s3://b/e/1.0", "v1", "embedding", "1.0")
     assert "imagePullSecrets" not in default["spec"]["predictor"]
-    assert default["spec"]["predictor"]["model"]["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"},
-                                                                  "limits": {"cpu": "1", "memory": "2Gi"}}
+    assert default["spec"]["predictor"]["model"]["resources"] == {"requests": {"cpu": "2", "memory": "1536Mi"},
+                                                                  "limits": {"cpu": "2", "memory": "1536Mi"}}
     resources = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "3Gi"}}
     manifest = inference_service("embedding", "models", "s3://b/e/1.0", "v1", "embedding", "1.0",
                                  image_pull_secrets=["registry-a", "registry-b"], resources=resources)

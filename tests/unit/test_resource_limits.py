@@ -23,3 +23,17 @@ def test_limits_become_a_cpu_quota_and_a_memory_limit_without_swap():
     assert engine_limit_args({"cpu": "1500m", "memory": "1Gi"}) == [
         "--cpus", "1.5", "--memory", f"{2**30}b", "--memory-swap", f"{2**30}b"]
     assert engine_limit_args({}) == []
+
+
+def test_the_runtime_and_the_inference_service_ask_for_the_same_resources():
+    """KServe merges the InferenceService's resources over the runtime's: both say what was measured."""
+    from pipeline.kserve import PREDICTOR_CPU, PREDICTOR_MEMORY, inference_service
+    from support.containers import runtime_container
+
+    runtime = runtime_container()["resources"]
+    manifest = inference_service("embedding", "models", "s3://models/embedding/1.0", "v1", "embedding", "1.0")
+    model = manifest["spec"]["predictor"]["model"]["resources"]
+    want = {"cpu": quantity(PREDICTOR_CPU), "memory": quantity(PREDICTOR_MEMORY)}
+    for resources in (runtime, model):
+        for kind in ("requests", "limits"):
+            assert {k: quantity(v) for k, v in resources[kind].items()} == want, (kind, resources)
