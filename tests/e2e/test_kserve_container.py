@@ -116,6 +116,15 @@ def close(got: list[dict], want: list[dict]) -> None:
         assert abs(g["dist"] - w["dist"]) < 1e-4 and abs(g["confidence"] - w["confidence"]) < 1e-4
 
 
+def typed(body: dict) -> list[dict]:
+    """The typed v2 outputs (one row per image) as answers `close` compares."""
+    out = {o["name"]: o["data"] for o in body["outputs"]}
+    k = len(out["neighbour_labels"]) // len(out["label"])
+    return [{"pred": p, "dist": d, "confidence": c, "unknown": u, "model_version": body["model_version"],
+             "neighbours": [{"label": lab} for lab in out["neighbour_labels"][i * k:(i + 1) * k]]}
+            for i, (p, d, c, u) in enumerate(zip(out["label"], out["distance"], out["confidence"], out["unknown"]))]
+
+
 def test_probes_need_no_key_and_everything_else_does(predictor):
     container, url, key, spec = predictor
     for probe in ("readinessProbe", "livenessProbe"):
@@ -130,7 +139,8 @@ def test_probes_need_no_key_and_everything_else_does(predictor):
     status, body = http_get(url + "/v2/models/embedding", {"Authorization": f"Bearer {key}"})
     meta = json.loads(body)
     assert status == 200 and meta["name"] == "embedding" and meta["versions"] == ["1.0"]
-    assert {i["datatype"] for i in meta["inputs"]} == {"BYTES", "FP32"}
+    assert {i["datatype"] for i in meta["inputs"]} == {"BYTES", "FP32", "UINT8"}
+    assert {"label", "distance", "unknown", "neighbour_labels"} <= {o["name"] for o in meta["outputs"]}
     assert http_get(url + "/v2/models/embedding/ready", {"Authorization": f"Bearer {key}"})[0] == 200
     assert http_get(url + "/v2/models/other/ready", {"Authorization": f"Bearer {key}"})[0] == 404
 
@@ -152,7 +162,7 @@ def test_v2_bytes_like_pytorch_serve_mnist_v2_bytes_json(predictor, offline, can
     status, body = post(f"{url}/v2/models/embedding/infer", {"id": request_id, "inputs": [
         {"data": [b64(png)], "datatype": "BYTES", "name": str(uuid.uuid4()), "shape": [-1]}]}, key)
     assert status == 200 and body["id"] == request_id and body["model_name"] == "embedding"
-    close([json.loads(t) for t in body["outputs"][0]["data"]], expected(offline, [png]))
+    close(typed(body), expected(offline, [png]))
 
 
 def test_v2_tensor_like_pytorch_serve_mnist_v2_tensor_json(predictor, offline, canvases):
@@ -163,7 +173,7 @@ def test_v2_tensor_like_pytorch_serve_mnist_v2_tensor_json(predictor, offline, c
         status, body = post(f"{url}/v2/models/embedding/infer", {"id": "t", "inputs": [
             {"name": "input-0", "shape": [1, 28, 28], "datatype": "FP32", "data": tensor}]}, key)
         assert status == 200
-        close([json.loads(t) for t in body["outputs"][0]["data"]], expected(offline, [png_bytes(canvases[digit])]))
+        close(typed(body), expected(offline, [png_bytes(canvases[digit])]))
 
 
 def test_torchserve_route_and_the_client_protocols(predictor, offline, canvases):
@@ -194,7 +204,8 @@ def test_hostile_requests_get_4xx_and_the_server_keeps_answering(predictor, offl
         (infer, {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 28, 28], "data": [[[2.0] * 28] * 28]}]},
          400),
         (infer, {"inputs": [{"name": "x", "datatype": "FP32", "shape": [9, 9], "data": [0.0] * 81}]}, 400),
-        (infer, {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1, 784], "data": [0] * 784}]}, 400),
+        (infer, {"inputs": [{"name": "x", "datatype": "INT8", "shape": [1, 784], "data": [0] * 784}]}, 400),
+        (infer, {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1, 784], "data": [256] * 784}]}, 400),
         (f"{url}/v2/models/nope/infer", {"inputs": []}, 404),
         (predict, b"x" * (9 * 1024 * 1024), 413),
     ]

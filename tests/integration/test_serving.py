@@ -195,12 +195,23 @@ def test_invalid_option_value_is_a_400_with_a_json_message(endpoint, digits, val
 
 
 def test_embedding_option_on_the_v2_route(torchserve, digits, offline_with_embedding):
+    """Typed outputs carry the embedding and the neighbours' ids; output_format json keeps the answer object."""
     url = f"{torchserve.endpoints.inference}/v2/models/{torchserve.model_name}/infer"
-    body = {"inputs": [{"name": "image-0", "shape": [1], "datatype": "BYTES",
-                        "data": [base64.b64encode(digits[0]).decode()]}], "parameters": {"embedding": True}}
-    status, answer = call(url, json.dumps(body).encode(), torchserve.keys()["inference"],
-                          {"Content-Type": "application/json"})
-    assert status == 200, answer
-    got = json.loads(answer["outputs"][0]["data"][0])
-    np.testing.assert_allclose(got["embedding"], offline_with_embedding[0]["embedding"], atol=1e-6)
-    assert [n["id"] for n in got["neighbours"]] == [n["id"] for n in offline_with_embedding[0]["neighbours"]]
+    want = offline_with_embedding[0]
+    for output_format in ("typed", "json"):
+        parameters = {"embedding": True, **({"output_format": "json"} if output_format == "json" else {})}
+        body = {"inputs": [{"name": "image-0", "shape": [1], "datatype": "BYTES",
+                            "data": [base64.b64encode(digits[0]).decode()]}], "parameters": parameters}
+        status, answer = call(url, json.dumps(body).encode(), torchserve.keys()["inference"],
+                              {"Content-Type": "application/json"})
+        assert status == 200, answer
+        if output_format == "json":
+            got = json.loads(answer["outputs"][0]["data"][0])
+            embedding, ids = got["embedding"], [n["id"] for n in got["neighbours"]]
+        else:
+            outputs = {o["name"]: o for o in answer["outputs"]}
+            assert outputs["embedding"]["datatype"] == "FP32"
+            assert outputs["embedding"]["shape"] == [1, len(want["embedding"])]
+            embedding, ids = outputs["embedding"]["data"], outputs["neighbour_ids"]["data"]
+        np.testing.assert_allclose(embedding, want["embedding"], atol=1e-6)
+        assert ids == [n["id"] for n in want["neighbours"]]
