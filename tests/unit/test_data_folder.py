@@ -6,34 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw
+from support.image_tree import drawing, make_tree
 
 from training.data import DataError, load_dataset
 from training.data.folder import load_image_folder
-
-
-def drawing(kind: str, i: int) -> Image.Image:
-    """A dark shape on white, like a photo of ink on paper; ``i`` shifts it a little."""
-    img = Image.new("L", (40 + i, 48), 255)
-    draw = ImageDraw.Draw(img)
-    if kind == "cat":
-        draw.ellipse((6 + i % 4, 8, 30 + i % 4, 40), outline=0, width=4)
-    else:
-        draw.line((8, 8 + i % 5, 32, 8 + i % 5), fill=0, width=4)
-        draw.line((32, 8 + i % 5, 14, 42), fill=0, width=4)
-    return img
-
-
-def make_tree(root: Path, counts: dict[str, int]) -> Path:
-    """``root/<label>/NN.png|jpg`` alternating formats, plus files that must be ignored."""
-    for label, n in counts.items():
-        (root / label).mkdir(parents=True)
-        for i in range(n):
-            fmt = ("PNG", "png") if i % 2 else ("JPEG", "JPG")
-            drawing(label, i).save(root / label / f"{i:02d}.{fmt[1]}", fmt[0])
-        (root / label / "notes.txt").write_text("not an image")
-    (root / ".hidden").mkdir()
-    return root
 
 
 def test_string_labels_png_and_jpeg(tmp_path):
