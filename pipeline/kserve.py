@@ -611,7 +611,11 @@ def roll_out(api: Any, namespace: str, name: str, make: Any, timeout_s: float, p
                 if exc.status != 409:  # created meanwhile (or by a lost answer): patch it instead
                     raise
             before = None
+        # The object as first read stays the baseline: when a write is stored but its answer lost, the retry's
+        # 409 re-read already holds the new spec, and comparing with it would hide the change.
+        original = before
         before, patched = _patch(api, namespace, name, make, before)
+        before = original or before
     except ApiException as exc:
         raise KServeError(f"{where}: {_api_error(exc)}") from None
     changed = patched["metadata"].get("generation") != before["metadata"].get("generation")

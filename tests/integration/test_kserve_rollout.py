@@ -38,6 +38,18 @@ def test_5xx_that_persists_ends_on_one_line_and_changes_nothing(cluster, archive
     assert record(cluster)["current"] == entry("1.0", 0.9)
 
 
+def test_a_stored_write_whose_answer_is_lost_still_rolls_back_a_failed_revision(cluster, archive, pvc):
+    """The PATCH is applied but answers 504; the retry meets 409, re-reads the new spec and changes nothing.
+    The rollout must still count as a change: wait for the new revision, and put the spec back when it fails."""
+    deploy_version(archive, "1.0", 0.9)
+    cluster.lose_answer_next("PATCH", "inferenceservices")
+    cluster.fail_revisions = "crash"
+    with pytest.raises(KServeError, match=r"spec put back on pvc://models/embedding/1\.0$"):
+        deploy_version(archive, "2.0", 0.95)
+    assert cluster.isvc("models", "embedding")["spec"]["predictor"]["model"]["storageUri"].endswith("/1.0")
+    assert record(cluster)["current"] == entry("1.0", 0.9)
+
+
 def test_a_client_error_is_not_retried(cluster, archive, pvc):
     deploy_version(archive, "1.0", 0.9)
     cluster.fail_next("PATCH", "inferenceservices", 422)

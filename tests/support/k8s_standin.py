@@ -24,6 +24,7 @@ depends on it:
 - RBAC: only the verbs the Role in deploy/kubeflow/rbac.yaml grants, in its namespace, else 403 (`forbidden`
   refuses everything); 401 for a wrong token.
 - Faults on demand: `fail_next(method, resource, code)` answers the next matching request with that code;
+  `lose_answer_next(method, resource)` stores the next write but answers 504;
   `interfere_next(method, resource)` makes another writer (the controller) change the object just before the
   next matching request, so a resourceVersion read before it is stale.
 
@@ -131,6 +132,10 @@ class KubernetesStandin:
 
     def fail_next(self, method: str, resource: str, code: int = 500, times: int = 1) -> None:
         self._faults.append({"method": method, "resource": resource, "code": code, "times": times, "kind": "fail"})
+
+    def lose_answer_next(self, method: str, resource: str, code: int = 504) -> None:
+        """The next matching write is applied, but its answer is lost: the client sees `code` (a gateway timeout)."""
+        self._faults.append({"method": method, "resource": resource, "code": code, "times": 1, "kind": "lose"})
 
     def interfere_next(self, method: str, resource: str, times: int = 1) -> None:
         self._faults.append({"method": method, "resource": resource, "times": times, "kind": "interfere"})
@@ -305,7 +310,10 @@ class KubernetesStandin:
         if method in ("PUT", "PATCH") and name and resource != "persistentvolumeclaims":
             if key not in self.objects:
                 return 404, _status(404, "NotFound", f'{kind} "{name}" not found')
-            return self._write(method, key, kind, headers.get("content-type", ""), json.loads(body))
+            status, answer = self._write(method, key, kind, headers.get("content-type", ""), json.loads(body))
+            if fault and fault["kind"] == "lose" and status < 300:
+                return fault["code"], _status(fault["code"], "Timeout", "the write was stored, its answer was lost")
+            return status, answer
         return 405, _status(405, "MethodNotAllowed", f"{method} is not supported on {kind}")
 
     def _write(self, method: str, key: tuple[str, str, str], kind: str, content_type: str,
