@@ -42,6 +42,8 @@ PVC_MOUNT_ENV, PVC_MOUNT_DEFAULT = "PVC_MOUNT_PATH", "/mnt/pvc"
 DEFAULT_THREADS = 2
 #: Inside a KServe pod: the gateway listens on KServe's container port, TorchServe behind it on loopback.
 KSERVE_GATEWAY_PORT = 8080
+#: The gateway's Open Inference gRPC (KServe grpc-v2) port: KServe's model server's default gRPC port.
+KSERVE_GRPC_PORT = 8081
 POD_TORCHSERVE_PORT = 8085
 #: Settings of config.properties that hold wherever TorchServe runs, the KServe pod included
 #: (pipeline.kserve.runtime_properties copies them and refuses a config.properties without one): request limits,

@@ -36,3 +36,7 @@ fi
 # TorchServe's gRPC stubs: generated from the installed TorchServe's protos into client/_grpc/ (never committed);
 # a no-op while they match the installed versions.
 .venv/bin/python -m client.protos >/dev/null || die "generating the gRPC stubs failed (see above)."
+
+# Open Inference gRPC stubs for the gateway (serving/proto/grpc_predict_v2.proto), generated into .venv's
+# site-packages (never committed); a no-op while they match the proto.
+.venv/bin/python -m serving.grpc_stubs >/dev/null || die "generating the Open Inference gRPC stubs failed (see above)."

@@ -16,11 +16,16 @@ model metadata included. TorchServe's frontend already routes ``/v1/models/<m>:p
 - requires ``Authorization: Bearer <key>`` on everything but the two health paths, the key coming from
   the environment (a Kubernetes Secret); without a key it refuses to start unless told
   ``--allow-unauthenticated`` (for a mesh that authenticates in front of it);
+- serves Open Inference gRPC (KServe's ``grpc-v2``) on ``--grpc-port`` (8081, KServe's default) in the same
+  event loop, with the same key, checks and backend (:mod:`serving.grpc_v2`); ServerLive/ServerReady are open
+  like the REST probe paths. If the default port cannot be served (taken, or the generated stubs missing) it
+  says so and serves REST alone; an explicit ``--grpc-port`` that cannot be served is an error;
 - forwards SIGTERM to TorchServe, and exits non-zero as soon as TorchServe exits on its own, so that
   Kubernetes restarts the container instead of keeping a pod that answers nothing.
 
 Only the standard library, aiohttp, prometheus_client (:mod:`serving.gateway_metrics`) and :mod:`settings`
-are imported: the image has no kfp or training code.
+are imported, and grpcio with the generated Open Inference stubs once gRPC starts: the image has no kfp or
+training code.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from serving.gateway_metrics import GatewayMetrics
 from serving.torchserve_env import torchserve_environment
 from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_INPUTS, V2_OUTPUTS
-from settings import KSERVE_GATEWAY_PORT, read_properties
+from settings import KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, read_properties
 from serving.open_inference import HEADER_LENGTH, ProtocolError, binary_outputs, json_object, read_v2, write_v2
 
 logger = logging.getLogger("kserve_runtime")
@@ -229,17 +234,25 @@ class Gateway:
         ready = await self._model_ready()
         return _json(200 if ready else 503, {"ready": ready})
 
+    def server_metadata_dict(self) -> dict:
+        return {"name": "torchserve", "version": _torchserve_version(), "extensions": []}
+
     async def server_metadata(self, _: web.Request) -> web.Response:
-        return _json(200, {"name": "torchserve", "version": _torchserve_version(), "extensions": []})
+        return _json(200, self.server_metadata_dict())
 
     async def list_models(self, _: web.Request) -> web.Response:
         return _json(200, {"models": [self.upstream.model]})
 
-    def _known(self, model: str, version: str | None = None) -> web.Response | None:
+    def unknown_model(self, model: str, version: str | None = None) -> str | None:
+        """Why `model` (`version`) is not served here, or None when it is."""
         if model != self.upstream.model or (version is not None and version not in self.upstream.versions):
             what = model if version is None else f"{model} version {version}"
-            return _json(404, {"error": f"model {what} is not served here"})
+            return f"model {what} is not served here"
         return None
+
+    def _known(self, model: str, version: str | None = None) -> web.Response | None:
+        missing = self.unknown_model(model, version)
+        return None if missing is None else _json(404, {"error": missing})
 
     async def model_ready(self, request: web.Request) -> web.Response:
         """KServe v1 `GET /v1/models/<m>` and v2 `GET /v2/models/<m>[/versions/<v>]/ready`."""
@@ -255,7 +268,11 @@ class Gateway:
         missing = self._known(model, version)
         if missing:
             return missing
-        return _json(200, {
+        return _json(200, self.model_metadata(model))
+
+    def model_metadata(self, model: str) -> dict:
+        """The v2 model metadata, REST's and gRPC's: one declaration of the typed outputs (handler.v2_schema)."""
+        return {
             "name": model,
             "versions": list(self.upstream.versions),
             "platform": V2_PLATFORM,
@@ -264,7 +281,7 @@ class Gateway:
             # One row per image; embedding and neighbour_ids only with the embedding option, error only
             # when an image failed. The request parameter output_format=json gives JSON text per input instead.
             "outputs": _tensors((*V2_OUTPUTS, *V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT)),
-        })
+        }
 
     # --- inference -------------------------------------------------------------------------------------
 
@@ -279,9 +296,34 @@ class Gateway:
             return _json(exc.status, {"error": str(exc)})
         return await self._forward(request, f"/v1/models/{quote(model)}:predict", body, "application/json")
 
+    # The gRPC side (serving.grpc_v2) asks these.
+    upstream_alive = _upstream_alive
+    model_is_ready = _model_ready
+
+    @staticmethod
+    async def off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
+        return await _off_loop(size, fn, *args)
+
+    @staticmethod
+    def v2_path(model: str, version: str | None) -> str:
+        """TorchServe's path for a v2 inference of `model` (`version`), the REST route's and gRPC's."""
+        return f"/predictions/{quote(model)}/{quote(version)}" if version else f"/v2/models/{quote(model)}/infer"
+
+    async def infer_upstream(self, model: str, version: str | None, body: bytes) -> tuple[int, bytes]:
+        """POST a v2 JSON body to TorchServe as the REST v2 route does: (HTTP status, answer body)."""
+        assert self.session is not None
+        path = self.v2_path(model, version)
+        try:
+            async with self.session.post(f"{self.upstream.inference}{path}", data=body,
+                                         headers={"Content-Type": "application/json"}) as upstream:
+                return upstream.status, await upstream.read()
+        except (ClientError, asyncio.TimeoutError) as exc:
+            logger.warning("TorchServe did not answer gRPC ModelInfer (POST %s): %s", path, exc)
+            return 503, json.dumps({"error": "the model server is not answering; retry shortly"}).encode()
+
     async def v2_infer(self, request: web.Request) -> web.StreamResponse:
         model, version = request.match_info["model"], request.match_info.get("version")
-        path = f"/predictions/{quote(model)}/{quote(version)}" if version else f"/v2/models/{quote(model)}/infer"
+        path = self.v2_path(model, version)
         try:
             raw = await request.read()
             body, converted = await _off_loop(len(raw), read_v2, raw, request.headers.get(HEADER_LENGTH))
@@ -348,7 +390,29 @@ def _torchserve_version() -> str:
         return "unknown"
 
 
-async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: int, grace_s: float) -> int:
+class GrpcStartError(Exception):
+    """The gRPC server could not be started (one-line reason)."""
+
+
+async def _start_grpc(gateway: Gateway, host: str, port: int, required: bool) -> Any:
+    """The started grpc.aio server, or None when it cannot start and `required` is false (REST is served alone)."""
+    try:
+        from serving import grpc_v2
+
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        grpc_server, _ = grpc_v2.server(gateway, address, gateway.upstream.max_request_size)
+        await grpc_server.start()
+        return grpc_server
+    except Exception as exc:  # missing stubs (StubError), a taken port (RuntimeError), ...
+        reason = f"Open Inference gRPC cannot be served on port {port}: {exc}"
+        if required:
+            raise GrpcStartError(reason) from None
+        logger.error("%s; serving REST only", reason)
+        return None
+
+
+async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: int, grace_s: float,
+                 grpc_port: int | None = None, grpc_required: bool = False) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -356,8 +420,18 @@ async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: in
     runner = web.AppRunner(gateway.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port, reuse_address=True).start()
-    logger.info("gateway on %s:%d -> TorchServe %s (model %s, auth %s)", host, port, gateway.upstream.inference,
-                gateway.upstream.model, "bearer key" if gateway.api_key else "OFF")
+    grpc_server = None
+    if grpc_port is not None:
+        try:
+            grpc_server = await _start_grpc(gateway, host, grpc_port, grpc_required)
+        except GrpcStartError as exc:
+            logger.error("%s", exc)
+            await runner.cleanup()
+            await loop.run_in_executor(None, _stop_group, server, grace_s)
+            return 2
+    logger.info("gateway on %s:%d%s -> TorchServe %s (model %s, auth %s)", host, port,
+                f" (Open Inference gRPC on {grpc_port})" if grpc_server is not None else "",
+                gateway.upstream.inference, gateway.upstream.model, "bearer key" if gateway.api_key else "OFF")
     exited = loop.run_in_executor(None, server.wait)
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({exited, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -368,6 +442,8 @@ async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: in
     else:
         logger.info("stopping: TorchServe gets %.0f s to finish", grace_s)
         status = 0
+    if grpc_server is not None:
+        await grpc_server.stop(grace=2.0)
     await runner.cleanup()
     await loop.run_in_executor(None, _stop_group, server, grace_s)
     return status
@@ -426,6 +502,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-name", default=None, help="default: the one model in model_snapshot")
     parser.add_argument("--http-host", default="0.0.0.0")
     parser.add_argument("--http-port", type=int, default=int(os.environ.get("PORT", DEFAULT_PORT)))
+    parser.add_argument("--grpc-port", type=int, default=None,
+                        help=f"Open Inference gRPC port (default {KSERVE_GRPC_PORT}, not required to be free; "
+                             "an explicit port must be served); 0 or less: no gRPC")
     parser.add_argument("--grace-period", type=float, default=GRACE_S, help="seconds TorchServe gets after SIGTERM")
     parser.add_argument("--allow-unauthenticated", action="store_true",
                         help=f"serve without {API_KEY_ENV} (only behind a mesh policy that authenticates callers)")
@@ -454,8 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     server = subprocess.Popen([launcher, "--foreground", "--ncs", "--model-store", args.model_store,
                                "--ts-config", args.ts_config], start_new_session=True,
                               env=torchserve_environment(os.environ))
+    grpc_port = KSERVE_GRPC_PORT if args.grpc_port is None else args.grpc_port
     return asyncio.run(_serve(Gateway(upstream, api_key, metrics), server, args.http_host, args.http_port,
-                              args.grace_period))
+                              args.grace_period, grpc_port if grpc_port > 0 else None, args.grpc_port is not None))
 
 
 if __name__ == "__main__":

@@ -163,6 +163,22 @@ def _to_raw(values: list, datatype: str) -> bytes:
     return struct.pack(f"<{len(values)}{code}", *values)
 
 
+def tensor_data(raw: bytes, datatype: Any, where: str) -> list:
+    """One raw tensor (the binary extension's, or Open Inference gRPC's ``raw_input_contents``) -> JSON ``data``."""
+    return _raw_to_data(raw, datatype, where)
+
+
+def tensor_bytes(data: Any, datatype: Any, where: str) -> bytes:
+    """An answer's JSON ``data`` (nested or flat) -> the raw tensor: row-major, little-endian, BYTES elements
+    length-prefixed (what binary outputs and Open Inference gRPC's ``raw_output_contents`` carry)."""
+    if datatype != "BYTES" and datatype not in STRUCT_CODES:
+        raise ProtocolError(f"output {where}: datatype {ascii(datatype)[:40]} has no binary form")
+    try:
+        return _to_raw(_flat(data), datatype)
+    except (struct.error, TypeError, ValueError) as exc:
+        raise ProtocolError(f"output {where}: data does not fit datatype {datatype}: {exc}", 500) from None
+
+
 def write_v2(answer: Mapping[str, Any], default: bool, chosen: Mapping[str, bool]) -> tuple[bytes, int | None]:
     """A v2 answer -> (body, JSON length) with the chosen outputs as raw bytes after the JSON.
 

@@ -202,7 +202,11 @@ def predictor_limits(manifest: dict, spec: dict) -> dict[str, str]:
 
 
 def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str, str, dict]:
-    """Run the serving image as the ServingRuntime + InferenceService describe it; returns (container, url, key, spec)."""
+    """Run the serving image as the ServingRuntime + InferenceService describe it; returns (container, url, key, spec).
+
+    The published ports are the runtime's and the InferenceService's model `ports` (a grpc-v2 one adds h2c 8081),
+    each on a free host port that the returned spec's `ports` give as `hostPort`; `url` is the REST (non-h2c) one.
+    """
     models_dir, manifest = mnt_models
     spec = runtime_container()
     model = manifest["spec"]["predictor"]["model"]
@@ -214,13 +218,15 @@ def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str
         elif entry.get("valueFrom", {}).get("secretKeyRef"):
             env[entry["name"]] = key
     assert env[API_KEY_ENV] == key
-    (port,) = [p["containerPort"] for p in spec["ports"]]
-    (host_port,) = free_ports(1)
+    declared = {p["containerPort"]: p for p in [*spec["ports"], *model.get("ports", [])]}
+    published = dict(zip(declared, free_ports(len(declared))))
+    spec = {**spec, "ports": [{**p, "hostPort": published[port]} for port, p in declared.items()]}
+    (rest,) = [p["hostPort"] for p in spec["ports"] if p.get("name") not in ("h2c", "grpc")]
     container = Container.run(images, images["serving"]["ref"], name, spec["command"] + spec["args"], env,
-                              {models_dir: "/mnt/models"}, {host_port: port},
+                              {models_dir: "/mnt/models"}, {host: port for port, host in published.items()},
                               user=spec.get("securityContext", {}).get("runAsUser"),
                               limits=predictor_limits(manifest, spec))
-    return container, f"http://127.0.0.1:{host_port}", key, spec
+    return container, f"http://127.0.0.1:{rest}", key, spec
 
 
 def post(url: str, body: dict | bytes, key: str | None, content_type: str = "application/json") -> tuple[int, dict]:
