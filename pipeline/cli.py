@@ -118,7 +118,12 @@ def _compile(out: Path, image: str, options: O.CompileOptions) -> tuple[Path, ba
         pipeline = build(options)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot write {out}: {exc.strerror}") from None
+    if out.is_dir():
+        raise CliError(f"cannot write {out}: it is a directory")
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.yaml")  # the compiler wants a .yaml name
     try:
         compiler.Compiler().compile(pipeline, str(tmp))
@@ -183,8 +188,11 @@ def _runtime(image: str, allow_tag: bool, out: Path | None) -> None:
     if out is None:
         sys.stdout.write(text)
         return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as exc:
+        raise CliError(f"cannot write {out}: {exc.strerror}") from None
     print(f"wrote {out} (image {ref})", file=sys.stderr)
 
 

@@ -59,6 +59,7 @@ def network_policy(monitoring_namespace: str = DEFAULT_MONITORING, knative_names
         for labels in peers[default]:
             labels[NAMESPACE_LABEL] = wanted
     policy["spec"]["podSelector"]["matchLabels"][ISVC_LABEL] = inference_service
+    policy["metadata"]["name"] = f"{inference_service}-predictor"  # one policy per InferenceService in a namespace
     if namespace:
         policy["metadata"]["namespace"] = namespace
     validate(policy)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from handler.search import DEFAULT_K
-from settings import DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_NAME_RULE, MODEL_VERSION
+from settings import (DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_NAME_RULE, MODEL_VERSION,
+                      PVC_MOUNT_DEFAULT)
 from training.data import SOURCE_FORMS, source_problem
 from training.index import INDEX_TYPES
 from training.quantize import QUANTIZATION
@@ -105,7 +106,7 @@ PARAMS: tuple[Param, ...] = (
     Param("kserve_service_account", str, "", "service account holding the storage credentials"),
     Param("kserve_api_key_secret", str, DEFAULT_API_KEY_SECRET,
           "Secret whose key api-key callers present as a bearer token"),
-    Param("kserve_pvc_claim", str, "", "claim mounted in the deploy task at /mnt/pvc for pvc:// storage "
+    Param("kserve_pvc_claim", str, "", f"claim mounted in the deploy task at {PVC_MOUNT_DEFAULT} for pvc:// storage "
           "('' = taken from a pvc:// kserve_storage_uri)"),
     Param("kserve_image_pull_secret", str, "", "Secret the InferenceService's predictor pulls its image with "
           "('' = none)", check=_secret_name),

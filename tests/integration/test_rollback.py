@@ -124,3 +124,14 @@ def test_the_pipeline_cli_runs_rollback(two_versions, capsys):
     assert (rc, err) == (0, "")
     assert out.startswith("rolled InferenceService models/embedding back from version 2.0 to 1.0")
     assert storage_uri(two_versions) == "pvc://models/embedding/1.0"
+
+
+@pytest.mark.parametrize("flag, value", [("--timeout", "0"), ("--timeout", "-5"), ("--poll", "nan"), ("--poll", "x")])
+def test_timeouts_must_be_positive(flag, value, capsys):
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["rollback", "--to", "1.0", flag, value])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "is not a positive number of seconds" in line

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 from support.idx_fixtures import make_idx_dir
@@ -89,9 +88,11 @@ def test_pvc_refusals_name_the_mount_and_the_variable(tmp_path, monkeypatch):
                                         "mounted claim$"):
         load_dataset("pvc://training-data/mnist", cache_dir=tmp_path)
     monkeypatch.delenv(PVC_MOUNT_ENV)
-    if not os.path.isdir(PVC_MOUNT_DEFAULT):
-        with pytest.raises(DataError, match=f"is not mounted at {PVC_MOUNT_DEFAULT} in this task"):
-            load_dataset("pvc://training-data/mnist", cache_dir=tmp_path)
+    from training.data import remote
+
+    monkeypatch.setattr(remote, "PVC_MOUNT_DEFAULT", str(tmp_path / "no-default-mount"))
+    with pytest.raises(DataError, match=f"is not mounted at {tmp_path}/no-default-mount in this task"):
+        load_dataset("pvc://training-data/mnist", cache_dir=tmp_path)
 
 
 def test_unreachable_s3_endpoint_is_one_line(tmp_path, monkeypatch):

@@ -51,6 +51,7 @@ def test_namespaces_are_parameters():
     assert QUEUE_PROXY["autoscaler"] in ports_from(policy, "knative-system")
     assert policy["spec"]["podSelector"]["matchLabels"] == {"serving.kserve.io/inferenceservice": "digits"}
     assert policy["metadata"]["namespace"] == "models"
+    assert policy["metadata"]["name"] == "digits-predictor"  # two services' policies in one namespace coexist
     assert network_policy() == yaml.safe_load(POLICY_FILE.read_text())  # the defaults are the shipped file
 
 

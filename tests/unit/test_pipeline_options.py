@@ -57,3 +57,15 @@ def test_storage_environment_without_the_secret_is_empty(tmp_path):
 def test_unusable_options_raise_param_error(argv):
     with pytest.raises(P.ParamError):
         _options(*argv)
+
+
+@pytest.mark.parametrize("command", [["runtime", "--image", "reg.example/s@sha256:" + "a" * 64],
+                                     ["compile", "--image", "reg.example/p@sha256:" + "a" * 64]])
+def test_an_unwritable_output_is_one_line(command, tmp_path, capsys):
+    from pipeline.cli import main
+
+    for out in (tmp_path, tmp_path / "file.yaml" / "below.yaml"):
+        (tmp_path / "file.yaml").write_text("x")
+        assert main([*command, "--out", str(out)]) == 1
+        (line,) = capsys.readouterr().err.splitlines()[-1:]
+        assert line.startswith(f"pipeline: error: cannot write {out}") and "Traceback" not in line
