@@ -196,6 +196,17 @@ def _runtime(image: str, allow_tag: bool, out: Path | None) -> None:
     print(f"wrote {out} (image {ref})", file=sys.stderr)
 
 
+def _check_data_claim(source: str, mounted: str) -> None:
+    """A pvc:// data source is read from the claim the load-data task mounts (--data-pvc-claim): the same one."""
+    location = source.partition(":")[2] if source.startswith(("idx:", "folder:")) else source
+    if not location.startswith("pvc://"):
+        return
+    claim = location[len("pvc://"):].split("/", 1)[0]
+    if claim != mounted:
+        raise UsageError(f"data_source {source} reads the claim {claim!r}, but the load-data task mounts "
+                         + (f"{mounted!r}" if mounted else "none") + f": compile with --data-pvc-claim {claim}")
+
+
 def _unreachable_reason(exc: BaseException) -> str:
     import urllib3
 
@@ -402,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError("deploy_target=local starts TorchServe inside a task's pod, which ends with the "
                                  "task: use it with run-local; on a cluster use --deploy-target kserve")
             options = O.from_namespace(args)
+            _check_data_claim(values["data_source"], options.data_pvc_claim)
             _submit(args, values, _image(args), options)
         else:
             _run_local(args, values)

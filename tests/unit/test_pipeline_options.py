@@ -69,3 +69,15 @@ def test_an_unwritable_output_is_one_line(command, tmp_path, capsys):
         assert main([*command, "--out", str(out)]) == 1
         (line,) = capsys.readouterr().err.splitlines()[-1:]
         assert line.startswith(f"pipeline: error: cannot write {out}") and "Traceback" not in line
+
+
+@pytest.mark.parametrize("source, claim, mounted", [("pvc://training/mnist", "training", ""),
+                                                    ("idx:pvc://training/mnist", "training", "other")])
+def test_a_pvc_data_source_needs_its_claim_mounted(source, claim, mounted, capsys):
+    """Refused before anything is sent: the load-data task would read another claim, or none."""
+    from pipeline.cli import main
+
+    argv = ["submit", "--image", "x", "--host", "http://127.0.0.1:9", "--data-source", source]
+    assert main(argv + (["--data-pvc-claim", mounted] if mounted else [])) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(f"compile with --data-pvc-claim {claim}")
