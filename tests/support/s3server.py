@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -43,8 +44,10 @@ ACCESS_KEY, SECRET_KEY, REGION = "test-access-key", "test-secret-key", "us-east-
 def s3_server() -> Iterator[str]:
     """Start moto's S3 server on a free loopback port; yields its endpoint URL and stops it afterwards."""
     (port,) = free_ports(1)
+    # werkzeug logs every request to stderr: a file, not a pipe nobody reads (a full pipe would stall the server).
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -54,7 +57,8 @@ def s3_server() -> Iterator[str]:
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto S3 server did not start: {proc.stderr.read().decode()[-500:]}")
+                    log.seek(0)
+                    raise RuntimeError(f"moto S3 server did not start: {log.read().decode(errors='replace')[-500:]}")
                 time.sleep(0.2)
         yield url
     finally:
@@ -63,6 +67,7 @@ def s3_server() -> Iterator[str]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 def client_env(endpoint: str) -> dict[str, str]:
