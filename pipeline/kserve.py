@@ -32,13 +32,16 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from settings import (CONFIG_FILE, MODEL_CONFIG_FILE, POD_TORCHSERVE_PORT, PVC_MOUNT_DEFAULT, PVC_MOUNT_ENV, Endpoints,
-                      properties, read_properties, write_properties)
+from settings import (CONFIG_FILE, KSERVE_GRPC_PORT, MODEL_CONFIG_FILE, POD_TORCHSERVE_PORT, PVC_MOUNT_DEFAULT,
+                      PVC_MOUNT_ENV, Endpoints, properties, read_properties, write_properties)
 
 from .manifests import ManifestError, validate
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
-PROTOCOLS = ("v1", "v2")
+PROTOCOLS = ("v1", "v2", "grpc-v2")
+#: Open Inference gRPC: Knative allows one container port, so a grpc-v2 predictor declares the gateway's gRPC port
+#: (named h2c, which Knative routes as HTTP/2 cleartext) and probes that port, as KServe's own grpc-v2 samples do.
+GRPC_PROTOCOL = "grpc-v2"
 #: TorchServe's inference and management APIs inside the pod: loopback only, behind the gateway.
 INFERENCE_PORT = POD_TORCHSERVE_PORT
 #: Prometheus metrics, scraped from outside the pod: the port of config.properties' metrics_address.
@@ -309,6 +312,11 @@ def inference_service(name: str, namespace: str, storage_uri: str, protocol: str
         "resources": copy.deepcopy(resources) if resources is not None else {"requests": dict(default),
                                                                               "limits": dict(default)},
     }
+    if protocol == GRPC_PROTOCOL:
+        model["ports"] = [{"name": "h2c", "containerPort": KSERVE_GRPC_PORT, "protocol": "TCP"}]
+        model["readinessProbe"] = {"tcpSocket": {"port": KSERVE_GRPC_PORT}, "periodSeconds": 5}
+        model["livenessProbe"] = {"tcpSocket": {"port": KSERVE_GRPC_PORT}, "initialDelaySeconds": 20,
+                                  "periodSeconds": 10}
     if runtime:
         model["runtime"] = runtime
     predictor: dict[str, Any] = {"minReplicas": 1, "model": model}

@@ -47,10 +47,9 @@ def predictor(model_store, tmp_path_factory):
     out = tmp_path_factory.mktemp("mnt-models")
     stage_layout(model_store / "embedding.mar", MODEL_NAME, MODEL_VERSION, out)
     subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)  # the image runs as uid 10001
-    manifest = inference_service("embedding", "models", out.as_uri(), "v2", MODEL_NAME, MODEL_VERSION)
+    manifest = inference_service("embedding", "models", out.as_uri(), "grpc-v2", MODEL_NAME, MODEL_VERSION)
     model = manifest["spec"]["predictor"]["model"]
-    model["protocolVersion"] = "grpc-v2"
-    model["ports"] = [{"name": "h2c", "containerPort": KSERVE_GRPC_PORT, "protocol": "TCP"}]
+    assert model["ports"] == [{"name": "h2c", "containerPort": KSERVE_GRPC_PORT, "protocol": "TCP"}]
     container, url, key, spec = start_predictor(images, (out, manifest), f"embedding-grpc-{uuid.uuid4().hex[:6]}")
     try:
         wait_for_probe(url, spec["readinessProbe"], 180, container)

@@ -142,6 +142,19 @@ def test_reading_the_claim_needs_the_role(cluster, archive, pvc):
 # ---------------------------------------------------------------- predictor options
 
 
+def test_a_grpc_v2_predictor_declares_its_one_port_as_h2c_and_probes_it():
+    """Knative allows one container port: grpc-v2 declares the gateway's gRPC port (h2c) and probes it."""
+    from settings import KSERVE_GRPC_PORT
+
+    model = inference_service("embedding", "models", "s3://b/e/1.0", "grpc-v2", "embedding", "1.0")["spec"][
+        "predictor"]["model"]
+    assert model["protocolVersion"] == "grpc-v2"
+    assert model["ports"] == [{"name": "h2c", "containerPort": KSERVE_GRPC_PORT, "protocol": "TCP"}]
+    assert model["readinessProbe"]["tcpSocket"] == model["livenessProbe"]["tcpSocket"] == {"port": KSERVE_GRPC_PORT}
+    rest = inference_service("embedding", "models", "s3://b/e/1.0", "v2", "embedding", "1.0")["spec"]["predictor"]
+    assert not {"ports", "readinessProbe", "livenessProbe"} & set(rest["model"])
+
+
 def test_image_pull_secrets_and_resources_reach_the_manifest():
     default = inference_service("embedding", "models", "s3://b/e/1.0", "v1", "embedding", "1.0")
     assert "imagePullSecrets" not in default["spec"]["predictor"]
