@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import struct
 from typing import Any, Mapping
 
@@ -52,7 +53,7 @@ def json_object(data: bytes, what: str) -> dict[str, Any]:
 
 
 def _header_length(value: str, size: int) -> int:
-    if not value.strip().isdigit():
+    if not re.fullmatch(r"[0-9]+", value.strip()):  # str.isdigit also takes "²", which int() refuses
         raise ProtocolError(f"{HEADER_LENGTH} must be a non-negative integer, got {ascii(value)[:40]}")
     length = int(value)
     if length > size:

@@ -73,7 +73,9 @@ def test_malformed_binary_requests_are_refused(inputs, raws, length, message):
     assert caught.value.status == 400
 
 
-@pytest.mark.parametrize("header, message", [("12x", "must be a non-negative integer"), ("99999", "has only")])
+@pytest.mark.parametrize("header, message", [("12x", "must be a non-negative integer"),
+                                             ("²", "must be a non-negative integer"),
+                                             ("99999", "has only")])
 def test_bad_header_length_is_refused(header, message):
     with pytest.raises(ProtocolError, match=message):
         read_v2(b'{"inputs": []}', header)
