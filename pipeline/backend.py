@@ -115,9 +115,23 @@ def for_oldest(spec: dict, platform: dict) -> None:
             if len(old) == 1 and _pvc_same(item[name], old[0], item[old[0]]):
                 del item[name]
         elif message == "resources" and name in _RESOURCE_TWINS:
-            value = item[name]
-            if isinstance(value, str) and not value.startswith("{{") and item.get(_RESOURCE_TWINS[name]):
+            value, old = item[name], item.get(_RESOURCE_TWINS[name])
+            if isinstance(value, str) and not value.startswith("{{") and _same_quantity(name, value, old):
                 del item[name]
+
+
+def _same_quantity(name: str, text: str, old: Any) -> bool:
+    """Whether the string quantity of a newer resource field is the number its older twin holds (kfp's own
+    conversions: cores for CPU, GB for memory)."""
+    from kfp.compiler.compiler_utils import _cpu_to_float, _memory_to_float
+
+    if not isinstance(old, (int, float)):
+        return False
+    try:
+        number = (_cpu_to_float if "Cpu" in name else _memory_to_float)(text)
+    except ValueError:
+        return False
+    return abs(number - old) <= 1e-9 * max(1.0, abs(old))
 
 
 def _pvc_same(parameter: dict, old: str, value: Any) -> bool:

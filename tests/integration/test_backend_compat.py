@@ -231,11 +231,12 @@ def test_a_parameterised_resource_keeps_its_newer_field():
     """for_oldest drops a newer field only where its older twin says the same."""
     spec = {"deploymentSpec": {"executors": {"exec-x": {"container": {"resources": {
         "resourceCpuLimit": "{{$.inputs.parameters['pipelinechannel--cpu']}}", "resourceMemoryLimit": "2G",
-        "memoryLimit": 2.0}}}}}}
+        "memoryLimit": 2.0, "resourceCpuRequest": "500m", "cpuRequest": 1.0}}}}}}
     platform = {"platforms": {"kubernetes": {"deploymentSpec": {"executors": {"exec-x": {
         "secretAsVolume": [{"secretName": "a", "secretNameParameter": {"runtimeValue": {"constant": "b"}}}]}}}}}}
     backend.for_oldest(spec, platform)
-    assert spec["deploymentSpec"]["executors"]["exec-x"]["container"]["resources"] == {
-        "resourceCpuLimit": "{{$.inputs.parameters['pipelinechannel--cpu']}}", "memoryLimit": 2.0}
+    assert spec["deploymentSpec"]["executors"]["exec-x"]["container"]["resources"] == {  # 500m is not 1.0: kept
+        "resourceCpuLimit": "{{$.inputs.parameters['pipelinechannel--cpu']}}", "memoryLimit": 2.0,
+        "resourceCpuRequest": "500m", "cpuRequest": 1.0}
     assert "secretNameParameter" in backend.executor_configs(platform)["exec-x"]["secretAsVolume"][0]
     assert backend.required(spec, platform) == ((2, 5, 0), "a Secret's name from a run parameter (exec-x)")
