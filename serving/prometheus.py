@@ -148,8 +148,14 @@ def rule_selectors(expr: str) -> list[tuple[str, frozenset[str]]]:
 
     Function and aggregation names (followed by '(', or by/without), keywords, label lists of by/without/on/ignoring/
     group_left/group_right, strings, numbers and durations are not selectors; selectors by __name__ alone
-    are refused rather than guessed."""
-    tokens = _tokens(expr)
+    are refused rather than guessed, and so is an expression whose braces or parentheses do not close."""
+    try:
+        return _selectors(_tokens(expr), expr)
+    except IndexError:
+        raise ValueError(f"unbalanced braces or parentheses in {expr!r}") from None
+
+
+def _selectors(tokens: list[tuple[str, str]], expr: str) -> list[tuple[str, frozenset[str]]]:
     found: list[tuple[str, frozenset[str]]] = []
     i = 0
     while i < len(tokens):

@@ -240,3 +240,9 @@ def test_gateway_serves_its_histogram_with_torchserves_page(tmp_path, cluster):
     assert 0.09 <= samples[(f"{REQUEST_SECONDS}_sum", labels)] < 3
     buckets = {dict(key)["le"]: value for (name, key), value in samples.items() if name.endswith("_bucket")}
     assert len(buckets) == len(BUCKETS) + 1 and buckets["0.025"] == 0 and buckets["+Inf"] == 3
+
+
+@pytest.mark.parametrize("expr", ['count(x) without (a', 'x{a="b"'])
+def test_rule_selectors_refuses_unbalanced_expressions(expr):
+    with pytest.raises(ValueError, match="unbalanced"):
+        prom.rule_selectors(expr)
