@@ -16,9 +16,6 @@ from . import params as P
 
 #: What --secret-name-parameter puts in the package.
 SECRET_NAME_PARAMETER = backend.FEATURES[("secretAsVolume", "secretNameParameter")]
-#: Every task of the pipeline, as the compiled package names its component.
-TASKS = ("load-data", "train", "build-index", "evaluate", "archive", "deploy-local", "compare-with-deployed",
-         "deploy-kserve")
 
 
 @dataclass(frozen=True)
@@ -48,6 +45,8 @@ DEFAULT_RESOURCES: dict[str, Resources] = {
     "compare-with-deployed": Resources("250m", "500m", "256Mi", "512Mi"),
     "deploy-kserve": Resources("250m", "1", "512Mi", "1Gi"),
 }
+#: Every task of the pipeline, as the compiled package names its component.
+TASKS = tuple(DEFAULT_RESOURCES)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ def test_storage_uris_are_split_into_bucket_and_prefix(text, parsed):
     ("s3://data bucket/x", "'s3://data bucket/x': a storage URI has no spaces, query or fragment"),
     ("s3://data/x?versionId=3", "a storage URI has no spaces, query or fragment"),
     ("s3://-data/x", "s3://-data/x: '-data' is not a valid bucket name"),
+    ("pvc://Training_Data/x", "pvc://Training_Data/x: 'Training_Data' is not a valid claim name"),
     ("s3://data/a/../b", "s3://data/a/../b: empty, '.' or '..' path segments are not allowed"),
     ("gs://data/a//b", "empty, '.' or '..' path segments are not allowed"),
     ("http://example.com/mnist", "http://example.com/mnist: not a storage URI; use s3://<bucket>/<prefix>"),

@@ -46,6 +46,8 @@ SCHEMES = ("s3", "gs", "pvc")
 LAYOUTS = ("idx", "folder")
 URI_FORMS = "s3://<bucket>/<prefix>, gs://<bucket>/<prefix> or pvc://<claim>/<path>"
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,250}[A-Za-z0-9])?$")
+#: A PersistentVolumeClaim's name: a DNS-1123 subdomain (lowercase), as the API server checks it.
+_CLAIM = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def parse_uri(text: str) -> StorageURI:
     bucket, _, prefix = rest.partition("/")
     if not bucket:
         raise DataError(f"{text}: no {what} named; use {scheme}://<{what}>/<path>")
-    if not _NAME.match(bucket):
+    if not (_CLAIM if scheme == "pvc" else _NAME).match(bucket):
         raise DataError(f"{text}: {bucket!r} is not a valid {what} name")
     parts = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
     if any(part in ("", ".", "..") for part in parts):
