@@ -88,9 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_namespace(args: argparse.Namespace) -> CompileOptions:
     """The options given on the command line; ParamError (one line) for a value that cannot be used."""
-    for name in (args.storage_secret, *args.image_pull_secret, *([args.data_pvc_claim] if args.data_pvc_claim else [])):
+    for name in (args.storage_secret, *args.image_pull_secret):
         if not P.SECRET_NAME.match(name):
-            raise P.ParamError(f"{name!r} is not {P.SECRET_NAME_RULE.replace('a Secret name', 'a Kubernetes name')}")
+            raise P.ParamError(f"{name!r} is not {P.SECRET_NAME_RULE}")
+    if args.data_pvc_claim and not P.SECRET_NAME.match(args.data_pvc_claim):  # the same DNS-1123 subdomain rule
+        raise P.ParamError(f"--data-pvc-claim {args.data_pvc_claim!r} is not a claim name: "
+                           + P.SECRET_NAME_RULE.split(": ", 1)[1])
     resources = dict(DEFAULT_RESOURCES)
     for flag, kind in (("--task-cpu", "cpu"), ("--task-memory", "memory")):
         for text in getattr(args, flag[2:].replace("-", "_")):

@@ -330,7 +330,8 @@ def test_kserve_v2_request_has_one_bytes_tensor_per_image():
     request = kserve.encode_v2([b"\x01\x02", b"\x03"], request_id="r1")
     assert request == {"id": "r1", "inputs": [
         {"name": "image-0", "shape": [1], "datatype": "BYTES", "data": ["AQI="]},
-        {"name": "image-1", "shape": [1], "datatype": "BYTES", "data": ["Aw=="]}]}
+        {"name": "image-1", "shape": [1], "datatype": "BYTES", "data": ["Aw=="]}],
+        "parameters": {"output_format": "json"}}  # answers as the REST answer objects, not typed outputs
     assert kserve.encode_v1([b"\x03"]) == {"instances": [{"data": "Aw=="}]}
 
 
@@ -369,8 +370,9 @@ def test_cli_with_an_unreadable_config_says_so_in_one_line(tmp_path):
 def test_kserve_requests_carry_the_embedding_option_in_parameters():
     assert kserve.encode_v1([b"\x03"], embedding=True) == {"instances": [{"data": "Aw=="}],
                                                           "parameters": {"embedding": True}}
-    assert kserve.encode_v2([b"\x03"], request_id="r", embedding=True)["parameters"] == {"embedding": True}
-    assert "parameters" not in kserve.encode_v2([b"\x03"], request_id="r")
+    assert kserve.encode_v2([b"\x03"], request_id="r", embedding=True)["parameters"] == {"embedding": True,
+                                                                                         "output_format": "json"}
+    assert kserve.encode_v2([b"\x03"], request_id="r")["parameters"] == {"output_format": "json"}
 
 
 def test_an_answer_without_the_requested_embedding_is_an_error():
