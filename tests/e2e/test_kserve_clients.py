@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.containers import build_images, engine_or_reason, start_predictor, wait_for_probe
+from support.containers import build_images, client_pythons, engine_or_reason, start_predictor, wait_for_probe
 from support.imagegen import png_bytes
 
 from handler.service import EmbeddingService
@@ -32,11 +32,7 @@ CLIENTS = sorted(p.stem for p in (REPO / "requirements-clients").glob("*.txt"))
 
 @pytest.fixture(scope="module")
 def pythons() -> dict[str, str]:
-    """{client name: the python of its venv}, made (or found cached) by scripts/client-venvs.sh."""
-    result = subprocess.run([str(REPO / "scripts" / "client-venvs.sh")], capture_output=True, text=True,
-                            timeout=1200)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    return client_pythons()
 
 
 @pytest.fixture(scope="module")

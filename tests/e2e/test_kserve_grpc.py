@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.containers import build_images, engine_or_reason, post, start_predictor, wait_for_probe
+from support.containers import (build_images, client_pythons, engine_or_reason, post, start_predictor,
+                                wait_for_probe)
 from support.imagegen import png_bytes
 
 from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_OUTPUTS
@@ -34,10 +35,7 @@ TYPED = ("label", "distance", "confidence", "unknown", "neighbour_labels", "neig
 
 @pytest.fixture(scope="module")
 def pythons() -> dict[str, str]:
-    result = subprocess.run([str(REPO / "scripts" / "client-venvs.sh"), *CLIENTS], capture_output=True, text=True,
-                            timeout=1200)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    return client_pythons(*CLIENTS)
 
 
 @pytest.fixture(scope="module")

@@ -238,3 +238,12 @@ def post(url: str, body: dict | bytes, key: str | None, content_type: str = "app
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def client_pythons(*names: str) -> dict[str, str]:
+    """{client name: the python of its venv} for requirements-clients/NAME.txt (all without names), made or found
+    cached by scripts/client-venvs.sh."""
+    result = subprocess.run([str(REPO / "scripts" / "client-venvs.sh"), *names], capture_output=True, text=True,
+                            timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(line.split(" ", 1) for line in result.stdout.splitlines())
