@@ -152,11 +152,12 @@ class Container:
         return time.monotonic() - started
 
     def wait_exit(self, timeout_s: float) -> tuple[str, int, float]:
+        """Wait for "exited": podman passes through "stopped" (process gone, exit code not yet recorded) first."""
         started = time.monotonic()
         while True:
             status, code = self.state()
             elapsed = time.monotonic() - started
-            if status in ("exited", "stopped") or elapsed > timeout_s:
+            if status == "exited" or elapsed > timeout_s:
                 return status, code, elapsed
             time.sleep(0.25)
 
