@@ -21,77 +21,12 @@ Exit codes of ``python -m client``:
 
 from __future__ import annotations
 
-from typing import Any
+from torchserve_api.errors import (AuthError, BadImageError, ClientError, ConnectionFailed, LifecycleError,
+                                   ModelNotFoundError, RequestTimeout, ServerError, UsageError)
 
-
-class ClientError(Exception):
-    """Base class: ``str(exc)`` is a one-line, user-facing reason."""
-
-    exit_code = 1
-
-
-class UsageError(ClientError):
-    exit_code = 2
-
-
-class AuthError(ClientError):
-    """TorchServe answered 400 ``InvalidKeyException`` (gRPC: PERMISSION_DENIED)."""
-
-    exit_code = 3
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason  # "missing", "expired" or "refused" (wrong or expired: the server does not say)
-
-
-class ModelNotFoundError(ClientError):
-    exit_code = 4
-
-    def __init__(self, message: str, model: str, version: str | None = None) -> None:
-        super().__init__(message)
-        self.model = model
-        self.version = version
-
-
-class BadImageError(ClientError):
-    """The handler refused this image; ``status`` and ``message`` are the handler's own."""
-
-    exit_code = 5
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-    def answer(self) -> dict[str, Any]:
-        """The handler's own answer for a refused image: ``{"error", "status"}``."""
-        return {"error": self.message, "status": self.status}
-
-
-class RequestTimeout(ClientError):
-    exit_code = 6
-
-
-class ConnectionFailed(ClientError):
-    exit_code = 7
-
-
-class ServerError(ClientError):
-    exit_code = 8
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class LifecycleError(ClientError):
-    """The management API refused a version operation (405, 403, 409)."""
-
-    exit_code = 9
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
+__all__ = ["ClientError", "UsageError", "AuthError", "ModelNotFoundError", "BadImageError", "RequestTimeout",
+           "ConnectionFailed", "ServerError", "LifecycleError", "DriftDetected", "NoBaselineError",
+           "TooFewRequestsError"]
 
 
 class DriftDetected(ClientError):

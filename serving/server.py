@@ -8,6 +8,7 @@ management API reports a READY worker for the model.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,14 +20,15 @@ from pathlib import Path
 
 import psutil
 
-from client.errors import ClientError
-from client.lifecycle import ManagementClient
-from client.tokens import from_key_file
-
 from settings import (CONFIG_FILE, KEY_FILE, MODEL_NAME, REPO, Endpoints, read_properties, with_ports, worker_threads,
                       write_properties)
+from torchserve_api.errors import ClientError
+from torchserve_api.management import ManagementClient
+from torchserve_api.tokens import from_key_file
 
 PID_FILE = ".model_server.pid"  # TorchServe's launcher writes it into $TMPDIR
+#: The start of a log4j record in TorchServe's logs; other lines continue the record above (a stack trace).
+LOG_RECORD = re.compile(r"^\d{4}-\d{2}-\d{2}T")
 
 
 class ServerError(Exception):
@@ -102,11 +104,9 @@ def _port_in_use(port: int) -> bool:
     return False
 
 
-
-
 def _log_tail(instance: Instance, lines: int = 400) -> str:
     texts = []
-    for path in (instance.log_file, instance.workdir / "logs" / "ts_log.log"):
+    for path in (instance.log_file, _ts_log(instance)):
         try:
             texts.append(path.read_text(errors="replace"))
         except OSError:
@@ -129,17 +129,43 @@ def _model_log(instance: Instance) -> Path:
     return instance.workdir / "logs" / "model_log.log"
 
 
-def _refused_model(instance: Instance, offset: int) -> str | None:
-    """The handler's one-line refusal (tampered or mismatched artifacts) logged after `offset`."""
+def _ts_log(instance: Instance) -> Path:
+    return instance.workdir / "logs" / "ts_log.log"
+
+
+def log_offsets(instance: Instance) -> tuple[int, int]:
+    """Current sizes of model_log.log and ts_log.log: where this start's lines begin."""
+    return tuple(path.stat().st_size if path.exists() else 0  # type: ignore[return-value]
+                 for path in (_model_log(instance), _ts_log(instance)))
+
+
+def _lines_after(path: Path, offset: int) -> list[str]:
     try:
-        with open(_model_log(instance), "rb") as fh:
+        with open(path, "rb") as fh:
             fh.seek(offset)
-            text = fh.read().decode(errors="replace")
+            return fh.read().decode(errors="replace").splitlines()
     except OSError:
-        return None
-    for line in text.splitlines():
+        return []
+
+
+def load_failure(instance: Instance, offsets: tuple[int, int]) -> str | None:
+    """One line naming why a model failed to load, from the log lines written after `offsets`; None if none did.
+
+    Two failures are final: the handler's refusal (tampered or mismatched artifacts) in model_log.log, and the
+    frontend's "Failed to load model: <archive>" in ts_log.log (an archive it cannot unpack or read), after which
+    TorchServe runs on without that model and never tries it again.
+    """
+    for line in _lines_after(_model_log(instance), offsets[0]):
         if "refusing to load model" in line:
             return line[line.index("refusing to load model"):].strip()
+    lines = _lines_after(_ts_log(instance), offsets[1])
+    for i, line in enumerate(lines):
+        if "Failed to load model:" in line:
+            archive, _, cause = line.split("Failed to load model:", 1)[1].strip().partition(" ")
+            cause = cause.strip().removeprefix("(").removesuffix(")")  # the exception, when logged on one line
+            if not cause and i + 1 < len(lines) and not LOG_RECORD.match(lines[i + 1]):
+                cause = lines[i + 1].strip()  # else the stack trace's first line
+            return f"TorchServe failed to load model {archive}" + (f": {cause[:300]}" if cause else "")
     return None
 
 
@@ -150,18 +176,20 @@ def model_status(instance: Instance, timeout: float = 2.0) -> list[dict]:
         return management.describe("all")
 
 
-def wait_ready(instance: Instance, timeout: float = 120.0, log_offset: int | None = None) -> float:
-    """Poll until every loaded version of the model has a READY worker; returns the seconds waited."""
+def wait_ready(instance: Instance, timeout: float = 120.0, offsets: tuple[int, int] | None = None) -> float:
+    """Poll until every loaded version of the model has a READY worker; returns the seconds waited.
+
+    A load failure logged after `offsets` (default: the logs' sizes now) ends the wait at once."""
     started = time.monotonic()
     deadline = started + timeout
-    if log_offset is None:
-        log_offset = _model_log(instance).stat().st_size if _model_log(instance).exists() else 0
+    if offsets is None:
+        offsets = log_offsets(instance)
     while time.monotonic() < deadline:
         if instance.pid() is None and time.monotonic() - started > 3:
             raise ServerError(f"TorchServe exited during start: {_diagnose(instance)}")
-        refused = _refused_model(instance, log_offset)
-        if refused:
-            raise ServerError(refused)
+        failure = load_failure(instance, offsets)
+        if failure:
+            raise ServerError(failure)
         try:
             versions = model_status(instance)
             if versions and all(any(w.get("status") == "READY" for w in v.get("workers", [])) for v in versions):
@@ -205,13 +233,13 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
            "--ts-config", str(instance.config), "--model-store", str(model_store)]
     if models:
         cmd += ["--models", models]
-    log_offset = _model_log(instance).stat().st_size if _model_log(instance).exists() else 0
+    offsets = log_offsets(instance)
     started = time.monotonic()
     with open(instance.log_file, "ab") as log:
         subprocess.run(cmd, cwd=instance.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
                        stdin=subprocess.DEVNULL, check=False, start_new_session=True)
     try:
-        wait_ready(instance, timeout, log_offset)
+        wait_ready(instance, timeout, offsets)
     except ServerError:
         stop(instance)
         raise
