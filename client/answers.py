@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .errors import BadImageError, ClientError
 
@@ -36,12 +36,36 @@ def as_answer(item: Any, embedding: bool = False) -> dict[str, Any]:
     return item
 
 
-def predict_each(predict: Callable[[bytes], dict[str, Any]], images: list[bytes]) -> list[dict[str, Any] | BadImageError]:
+Result = dict[str, Any] | BadImageError
+
+
+def predict_each(predict: Callable[[bytes], dict[str, Any]], images: list[bytes]) -> list[Result]:
     """One request per image, in order; a refused image becomes its BadImageError instead of stopping the rest."""
-    out: list[dict[str, Any] | BadImageError] = []
+    out: list[Result] = []
     for image in images:
         try:
             out.append(predict(image))
         except BadImageError as exc:
             out.append(exc)
+    return out
+
+
+def predict_grouped(images: list[bytes], groups: Iterable[list[int]],
+                    send_many: Callable[[list[bytes]], list[Result]],
+                    predict: Callable[[bytes], dict[str, Any]]) -> list[Result]:
+    """Each group of image indexes in one request (`send_many`), a group of one with `predict`.
+
+    A group the server refuses as a whole (a 4xx for the request, so no image's own answer) is sent again one image
+    per request, so that the image at fault is named and the others are answered.
+    """
+    out: list[Result] = []
+    for group in groups:
+        chosen = [images[i] for i in group]
+        if len(chosen) == 1:
+            out.extend(predict_each(predict, chosen))
+            continue
+        try:
+            out.extend(send_many(chosen))
+        except BadImageError:
+            out.extend(predict_each(predict, chosen))
     return out

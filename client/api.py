@@ -5,10 +5,13 @@ from __future__ import annotations
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
+from urllib.parse import urlsplit
 
-from settings import CONFIG_FILE, MODEL_NAME, Endpoints, SettingsError, read_properties
+from settings import CONFIG_FILE, MODEL_NAME
+from torchserve_api.transport import default_endpoints
 
-from .errors import BadImageError, ClientError, UsageError
+from .answers import Result
+from .errors import ClientError, UsageError
 from .retry import RetryPolicy
 from .tokens import Token
 
@@ -18,26 +21,36 @@ Image = bytes | str | Path
 
 class Transport(Protocol):
     def predict(self, image: bytes, embedding: bool = False) -> dict[str, Any]: ...
-    def predict_batch(self, images: list[bytes], embedding: bool = False) -> list[dict[str, Any] | BadImageError]: ...
+    def predict_batch(self, images: list[bytes], embedding: bool = False) -> list[Result]: ...
     def ping(self) -> str: ...
     def close(self) -> None: ...
 
 
-def default_endpoints(config: Path = CONFIG_FILE) -> Endpoints:
-    """The addresses in `config` (the project's config.properties by default); UsageError if it cannot say."""
-    try:
-        return Endpoints.from_properties(read_properties(config))
-    except OSError as exc:
-        raise UsageError(f"{config}: cannot read ({exc.strerror}); pass --url or --config") from None
-    except SettingsError as exc:
-        raise UsageError(f"{config}: {exc}; pass --url") from None
-
-
 def default_url(protocol: str, config: Path = CONFIG_FILE) -> str:
+    """The inference address in `config` for `protocol` (host:port for gRPC)."""
     endpoints = default_endpoints(config)
     if protocol == "grpc":
         return f"127.0.0.1:{endpoints.grpc_inference_port}"
     return endpoints.inference
+
+
+def check_address(url: str, protocol: str) -> str:
+    """`url` if the protocol can use it (``host:port`` for gRPC, an http(s) URL otherwise); UsageError if not."""
+    if protocol != "grpc":
+        from .rest import check_url
+
+        return check_url(url)
+    target = url
+    for prefix in ("grpc://", "http://", "https://"):
+        target = target.removeprefix(prefix)
+    parts = urlsplit(f"//{target.rstrip('/')}")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or not port or parts.path:
+        raise UsageError(f"--url {url!r}: a gRPC address is host:port (e.g. 127.0.0.1:7070)")
+    return url
 
 
 def read_image(image: Image) -> bytes:
@@ -66,7 +79,7 @@ class EmbeddingClient:
         if timeout <= 0:
             raise UsageError("timeout must be positive")
         self.protocol = protocol
-        self.url = url or default_url(protocol)
+        self.url = check_address(url or default_url(protocol), protocol)
         self.model = model
         self.version = version
         self.token = token if isinstance(token, Token) else Token(token, source="the token argument")
@@ -85,7 +98,7 @@ class EmbeddingClient:
 
                 self.transport = RestTransport(self.url, model, version, self.token, http)
             else:
-                from .kserve import KServeTransport
+                from .rest import KServeTransport
 
                 self.transport = KServeTransport(protocol, self.url, model, version, self.token, http)
 
@@ -97,9 +110,10 @@ class EmbeddingClient:
         """
         return self.transport.predict(read_image(image), embedding)
 
-    def predict_batch(self, images: Sequence[Image], *, embedding: bool = False
-                      ) -> list[dict[str, Any] | BadImageError]:
-        """Answers in order; KServe sends all images in one request, TorchServe one request each."""
+    def predict_batch(self, images: Sequence[Image], *, embedding: bool = False) -> list[Result]:
+        """Each image's answer, or its BadImageError, in order. REST (as a v1 body) and KServe send several images per
+        request, gRPC one per call; a request refused as a whole is sent again one image per request, so a bad image
+        costs only its own answer."""
         return self.transport.predict_batch([read_image(image) for image in images], embedding)
 
     def predict_many(self, images: Sequence[Image], concurrency: int = 4,

@@ -20,11 +20,11 @@ import grpc
 from google.protobuf import empty_pb2
 
 from handler.requests import EMBEDDING_OPTION
+from torchserve_api.transport import auth_error, is_loopback
 
 from . import protos
-from .answers import as_answer, predict_each
+from .answers import Result, as_answer, predict_each
 from .errors import BadImageError, ClientError, ConnectionFailed, ModelNotFoundError, RequestTimeout, ServerError
-from .rest import auth_error, is_loopback
 from .retry import RetryPolicy
 from .tokens import Token
 
@@ -95,7 +95,8 @@ class GrpcTransport:
                                                              input=fields)
         return as_answer(self._call(self.stub.Predictions, request).prediction, embedding)
 
-    def predict_batch(self, images: list[bytes], embedding: bool = False) -> list[dict[str, Any] | BadImageError]:
+    def predict_batch(self, images: list[bytes], embedding: bool = False) -> list[Result]:
+        """One call per image (TorchServe's gRPC input map carries one image); a refused image fails alone."""
         return predict_each(lambda image: self.predict(image, embedding), images)
 
     def ping(self) -> str:

@@ -1,141 +1,35 @@
-"""HTTP plumbing shared by the REST, KServe and management clients, and the TorchServe REST transport.
-
-TorchServe's frontend reports its own failures as ``{"code", "type", "message"}`` (the token check
-answers 400 ``InvalidKeyException`` whether the token is missing, wrong or expired); the handler
-reports a refused image as ``{"error", "status"}``. ``classify`` turns both into typed errors.
+"""The two HTTP transports of the client, TorchServe's own REST API and KServe's v1/v2 protocols, on the HTTP layer
+of :mod:`torchserve_api.transport` (sessions, retries, typed errors), and the check of a --url.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from typing import Any
+from typing import Any, Sequence
 from urllib.parse import quote, urlsplit
 
-import requests
-from requests.adapters import HTTPAdapter
-
 from handler.requests import EMBEDDING_OPTION
+from torchserve_api.transport import Http, auth_error, classify, is_loopback, parse_body
 
-from .answers import as_answer, predict_each
-from .errors import (
-    AuthError,
-    BadImageError,
-    ClientError,
-    ConnectionFailed,
-    ModelNotFoundError,
-    RequestTimeout,
-    ServerError,
-)
-from .retry import RetryPolicy
+from .answers import Result, as_answer, predict_grouped
+from .errors import UsageError
+from .kserve_codec import decode_v1, decode_v2, encode_v1, encode_v2, request_groups
 from .tokens import Token
 
-CONNECT_TIMEOUT = 10.0
+__all__ = ["Http", "KServeTransport", "RestTransport", "auth_error", "check_url", "classify", "is_loopback",
+           "parse_body"]
 
 
-def auth_error(token: Token, where: str) -> AuthError:
-    """Say whether no token was sent, or which one was refused (and whether it is known to have expired)."""
-    if not token.value:
-        return AuthError(f"{where} refused the request: no token sent (use --token, EMBEDDING_TOKEN or --key-file; "
-                         "TorchServe writes key_file.json in the directory it was started from)", "missing")
-    if token.expired():
-        return AuthError(f"{where} refused the token from {token.source}: it expired at "
-                         f"{token.expires:%Y-%m-%d %H:%M:%S} UTC (restart TorchServe for fresh keys)", "expired")
-    return AuthError(f"{where} refused the token from {token.source}: wrong or expired (tokens expire after "
-                     "60 min; the management API needs the management key, inference the inference key)", "refused")
-
-
-def is_loopback(url: str) -> bool:
-    """Loopback servers are called directly, never through an HTTP(S)_PROXY from the environment."""
-    host = urlsplit(url if "//" in url else f"//{url}").hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def parse_body(response: requests.Response) -> Any:
+def check_url(url: str, what: str = "--url") -> str:
+    """`url` if it is an http(s) URL with a host (and a numeric port, if any); UsageError naming `what` otherwise."""
+    parts = urlsplit(url)
     try:
-        return response.json()
+        port_ok = parts.port is None or parts.port > 0
     except ValueError:
-        return response.text
-
-
-def classify(status: int, body: Any, token: Token, where: str, model: str = "", version: str | None = None
-             ) -> ClientError:
-    """The typed error for a non-2xx answer of TorchServe (frontend or handler) or of a KServe server."""
-    body_dict = body if isinstance(body, dict) else {}
-    kind = body_dict.get("type", "")
-    message = str(body_dict.get("message") or body_dict.get("error") or (body if isinstance(body, str) else "")
-                  ).strip().splitlines()[0:1]
-    text = message[0][:300] if message else f"HTTP {status}"
-    if kind == "InvalidKeyException" or (status in (401, 403) and kind != "InvalidModelVersionException"):
-        return auth_error(token, where)
-    if kind in ("ModelNotFoundException", "ModelVersionNotFoundException") or status == 404:
-        what = f"model {model!r}" + (f" version {version!r}" if version else "")
-        return ModelNotFoundError(f"{what} is not loaded on {where} ({text})", model, version)
-    if "error" in body_dict and 400 <= status < 500:  # the handler's answer for this image
-        item_status = body_dict.get("status")
-        return BadImageError(str(body_dict["error"]), item_status if isinstance(item_status, int) else status)
-    if status == 413:
-        return BadImageError(f"request too large for {where} (max_request_size): {text}", 413)
-    if 400 <= status < 500:
-        return BadImageError(text, status)
-    if status >= 500:
-        return ServerError(f"{where} answered {status}: {text}", status)
-    return ClientError(f"unexpected HTTP {status} from {where}: {text}")
-
-
-class Http:
-    """requests with one Session per thread (Sessions are not thread-safe), timeouts and retries."""
-
-    def __init__(self, timeout: float = 30.0, retry: RetryPolicy | None = None, trust_env: bool = True) -> None:
-        self.timeout = timeout
-        self.retry = retry or RetryPolicy()
-        self.trust_env = trust_env
-        self._local = threading.local()
-        self._sessions: list[requests.Session] = []
-        self._lock = threading.Lock()
-
-    def session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = self._local.session = requests.Session()
-            session.trust_env = self.trust_env
-            adapter = HTTPAdapter(max_retries=self.retry.urllib3())
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
-            with self._lock:
-                self._sessions.append(session)
-        return session
-
-    def request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
-        """One call, retried by the session's urllib3 Retry; failures become the client's typed errors."""
-        where = urlsplit(url).netloc
-        try:
-            response = self.session().request(method, url, timeout=(min(CONNECT_TIMEOUT, self.timeout), self.timeout),
-                                              **kwargs)
-        except requests.exceptions.ConnectTimeout:
-            raise ConnectionFailed(f"cannot connect to {where}: timed out") from None
-        except requests.exceptions.ReadTimeout:
-            raise RequestTimeout(f"no answer from {where} within {self.timeout:g}s") from None
-        except requests.exceptions.ConnectionError as exc:
-            reason = "connection refused" if "refused" in str(exc).lower() else f"connection failed ({_root(exc)})"
-            raise ConnectionFailed(f"cannot connect to {where}: {reason}") from None
-        if response.status_code == 503:
-            body = parse_body(response)
-            text = body.get("message", "") if isinstance(body, dict) else str(body)[:200]
-            raise ServerError(f"{where} unavailable (503): {text}".rstrip(": "), 503)
-        return response
-
-    def close(self) -> None:
-        with self._lock:
-            sessions, self._sessions = self._sessions, []
-        for session in sessions:
-            session.close()
-
-
-def _root(exc: BaseException) -> str:
-    while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return type(exc).__name__ + (f": {exc}" if str(exc) else "")
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise UsageError(f"{what} {url!r}: not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8080)")
+    return url
 
 
 class RestTransport:
@@ -168,8 +62,19 @@ class RestTransport:
             raise classify(response.status_code, body, self.token, self.where, self.model, self.version)
         return as_answer(body, embedding)
 
-    def predict_batch(self, images: list[bytes], embedding: bool = False) -> list[dict[str, Any] | BadImageError]:
-        return predict_each(lambda image: self.predict(image, embedding), images)
+    def predict_batch(self, images: list[bytes], embedding: bool = False) -> list[Result]:
+        """Several images per request as a KServe v1 body, which the handler reads on this route too (within the
+        limits of :func:`client.kserve_codec.request_groups`); one image alone as its raw bytes."""
+        return predict_grouped(images, request_groups(images), lambda group: self._post_v1(group, embedding),
+                               lambda image: self.predict(image, embedding))
+
+    def _post_v1(self, images: list[bytes], embedding: bool) -> list[Result]:
+        response = self.http.request("POST", self.url, json=encode_v1(images, embedding),
+                                     headers={"Content-Type": "application/json", **self.token.header()})
+        body = parse_body(response)
+        if response.status_code != 200 and not (isinstance(body, dict) and "predictions" in body):
+            raise classify(response.status_code, body, self.token, self.where, self.model, self.version)
+        return decode_v1(body, len(images), embedding)
 
     def ping(self) -> str:
         response = self.http.request("GET", f"{self.base_url}/ping", headers=self.token.header())
@@ -177,6 +82,69 @@ class RestTransport:
         if response.status_code != 200:
             raise classify(response.status_code, body, self.token, self.where, self.model)
         return body.get("status", json.dumps(body)) if isinstance(body, dict) else str(body)
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class KServeTransport:
+    """The same predict/ping interface as the TorchServe transports, over KServe v1 or v2 REST."""
+
+    def __init__(self, protocol: str, base_url: str, model: str, version: str | None, token: Token,
+                 http: Http) -> None:
+        if protocol not in ("v1", "v2"):
+            raise UsageError(f"unknown KServe protocol {protocol!r}: use v1 or v2")
+        if protocol == "v1" and version:
+            raise UsageError("KServe v1 has no model versions: drop --model-version or use --protocol v2")
+        self.protocol = protocol
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.version = version
+        self.token = token
+        self.http = http
+        model_path = f"/v2/models/{quote(model)}" + (f"/versions/{quote(version)}" if version else "")
+        self.url = (f"{self.base_url}/v1/models/{quote(model)}:predict" if protocol == "v1"
+                    else f"{self.base_url}{model_path}/infer")
+        self.ready_url = (f"{self.base_url}/v1/models/{quote(model)}" if protocol == "v1"
+                          else f"{self.base_url}{model_path}/ready")
+
+    @property
+    def where(self) -> str:
+        return urlsplit(self.base_url).netloc or self.base_url
+
+    def predict_batch(self, images: Sequence[bytes], embedding: bool = False) -> list[Result]:
+        """Each image's answer, or its BadImageError, in order: all in one request within the limits of
+        :func:`client.kserve_codec.request_groups`, one image per request for a group refused as a whole."""
+        images = list(images)
+        return predict_grouped(images, request_groups(images), lambda group: self._send(group, embedding),
+                               lambda image: self.predict(image, embedding))
+
+    def _send(self, images: list[bytes], embedding: bool) -> list[Result]:
+        payload = encode_v1(images, embedding) if self.protocol == "v1" else encode_v2(images, embedding=embedding)
+        response = self.http.request("POST", self.url, json=payload,
+                                     headers={"Content-Type": "application/json", **self.token.header()})
+        body = parse_body(response)
+        carries_answers = isinstance(body, dict) and ("predictions" in body or "outputs" in body)
+        if response.status_code != 200 and not carries_answers:
+            raise classify(response.status_code, body, self.token, self.where, self.model, self.version)
+        if self.protocol == "v1":
+            return decode_v1(body, len(images), embedding)
+        return decode_v2(body, len(images), embedding)
+
+    def predict(self, image: bytes, embedding: bool = False) -> dict[str, Any]:
+        (result,) = self._send([image], embedding)
+        if isinstance(result, BadImageError):
+            raise result
+        return result
+
+    def ping(self) -> str:
+        response = self.http.request("GET", self.ready_url, headers=self.token.header())
+        body = parse_body(response)
+        if response.status_code != 200:
+            raise classify(response.status_code, body, self.token, self.where, self.model, self.version)
+        if isinstance(body, dict) and body.get("ready") is False:
+            return "not ready"
+        return "ready"
 
     def close(self) -> None:
         self.http.close()

@@ -28,7 +28,7 @@ from client import (
     ModelNotFoundError,
     RequestTimeout,
     ServerError,
-    kserve,
+    kserve_codec,
     protos,
     tokens,
 )
@@ -313,26 +313,26 @@ def test_decodes_torchserve_kserve_envelope_answers():
     """Bodies as TorchServe 0.12 returns them with service_envelope=kserve / kservev2 (answers as JSON text)."""
     error = {"error": "not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, TIFF)", "status": 400}
     v1 = {"predictions": [json.dumps(ANSWER), json.dumps(error)]}
-    first, second = kserve.decode_v1(v1, 2)
+    first, second = kserve_codec.decode_v1(v1, 2)
     assert first == ANSWER and isinstance(second, BadImageError) and second.message == error["error"]
     v2 = {"id": "abc", "model_name": "embedding", "model_version": "1.0", "outputs": [
         {"name": "image-1", "datatype": "BYTES", "data": [json.dumps(error)], "shape": [1]},
         {"name": "image-0", "datatype": "BYTES", "data": [json.dumps(ANSWER)], "shape": [1]}]}
-    first, second = kserve.decode_v2(v2, 2)  # matched by input name, not position
+    first, second = kserve_codec.decode_v2(v2, 2)  # matched by input name, not position
     assert first == ANSWER and isinstance(second, BadImageError)
     with pytest.raises(ClientError, match="1 answers for 2 images"):
-        kserve.decode_v2({"outputs": [{"name": "answer", "datatype": "BYTES", "data": [json.dumps(ANSWER)]}]}, 2)
+        kserve_codec.decode_v2({"outputs": [{"name": "answer", "datatype": "BYTES", "data": [json.dumps(ANSWER)]}]}, 2)
     with pytest.raises(ClientError, match="not a BYTES tensor"):
-        kserve.decode_v2({"outputs": [{"name": "image-0", "datatype": "FP32", "data": [0.5]}]}, 1)
+        kserve_codec.decode_v2({"outputs": [{"name": "image-0", "datatype": "FP32", "data": [0.5]}]}, 1)
 
 
 def test_kserve_v2_request_has_one_bytes_tensor_per_image():
-    request = kserve.encode_v2([b"\x01\x02", b"\x03"], request_id="r1")
+    request = kserve_codec.encode_v2([b"\x01\x02", b"\x03"], request_id="r1")
     assert request == {"id": "r1", "inputs": [
         {"name": "image-0", "shape": [1], "datatype": "BYTES", "data": ["AQI="]},
         {"name": "image-1", "shape": [1], "datatype": "BYTES", "data": ["Aw=="]}],
         "parameters": {"output_format": "json"}}  # answers as the REST answer objects, not typed outputs
-    assert kserve.encode_v1([b"\x03"]) == {"instances": [{"data": "Aw=="}]}
+    assert kserve_codec.encode_v1([b"\x03"]) == {"instances": [{"data": "Aw=="}]}
 
 
 def test_prometheus_text_is_summed_per_name_over_matching_label_sets():
@@ -368,11 +368,11 @@ def test_cli_with_an_unreadable_config_says_so_in_one_line(tmp_path):
 
 
 def test_kserve_requests_carry_the_embedding_option_in_parameters():
-    assert kserve.encode_v1([b"\x03"], embedding=True) == {"instances": [{"data": "Aw=="}],
+    assert kserve_codec.encode_v1([b"\x03"], embedding=True) == {"instances": [{"data": "Aw=="}],
                                                           "parameters": {"embedding": True}}
-    assert kserve.encode_v2([b"\x03"], request_id="r", embedding=True)["parameters"] == {"embedding": True,
+    assert kserve_codec.encode_v2([b"\x03"], request_id="r", embedding=True)["parameters"] == {"embedding": True,
                                                                                          "output_format": "json"}
-    assert kserve.encode_v2([b"\x03"], request_id="r")["parameters"] == {"output_format": "json"}
+    assert kserve_codec.encode_v2([b"\x03"], request_id="r")["parameters"] == {"output_format": "json"}
 
 
 def test_an_answer_without_the_requested_embedding_is_an_error():

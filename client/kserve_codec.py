@@ -1,7 +1,9 @@
-"""KServe's inference protocols: v1 (``:predict`` with instances) and Open Inference v2 (``/infer`` with tensors).
+"""Request bodies and answers of KServe's v1 and Open Inference v2 protocols, as the client sends and reads them.
 
 v1 request ``{"instances": [{"data": "<base64 image>"}, ...]}``, answer ``{"predictions": [answer, ...]}``.
-Both protocols carry the embedding option in the request's ``parameters`` (``{"embedding": true}``).
+Both protocols carry the embedding option in the request's ``parameters`` (``{"embedding": true}``). The
+handler reads v1 bodies on TorchServe's own ``/predictions`` route too, which is how the REST transport sends
+several images in one request.
 
 v2 request: one BYTES input tensor of shape [1] per image, named ``image-<i>``, whose element is the
 image's base64 text, with the request parameter ``output_format: json``; answer: output tensors of
@@ -21,18 +23,18 @@ from __future__ import annotations
 
 import base64
 import uuid
-from typing import Any, Sequence
-from urllib.parse import quote, urlsplit
+from typing import Any, Iterator, Sequence
 
-from handler.v2_schema import OUTPUT_FORMAT
 from handler.requests import EMBEDDING_OPTION
+from handler.v2_schema import OUTPUT_FORMAT
 
-from .answers import as_answer
-from .errors import BadImageError, ClientError, UsageError
-from .rest import Http, classify, parse_body
-from .tokens import Token
+from .answers import Result, as_answer
+from .errors import BadImageError, ClientError
 
-Result = dict[str, Any] | BadImageError
+#: The most images the handler takes in one request (it answers 413 to more).
+MAX_IMAGES_PER_REQUEST = 256
+#: Image bytes per request: base64 makes 4/3 of it, well below TorchServe's max_request_size (8 MiB by default).
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 def _b64(image: bytes) -> str:
@@ -95,58 +97,17 @@ def decode_v2(body: Any, count: int, embedding: bool = False) -> list[Result]:
     return [_item(item, embedding) for item in items]
 
 
-class KServeTransport:
-    """The same predict/ping interface as the TorchServe transports, over KServe v1 or v2 REST."""
-
-    def __init__(self, protocol: str, base_url: str, model: str, version: str | None, token: Token,
-                 http: Http) -> None:
-        if protocol not in ("v1", "v2"):
-            raise UsageError(f"unknown KServe protocol {protocol!r}: use v1 or v2")
-        if protocol == "v1" and version:
-            raise UsageError("KServe v1 has no model versions: drop --model-version or use --protocol v2")
-        self.protocol = protocol
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.version = version
-        self.token = token
-        self.http = http
-        model_path = f"/v2/models/{quote(model)}" + (f"/versions/{quote(version)}" if version else "")
-        self.url = (f"{self.base_url}/v1/models/{quote(model)}:predict" if protocol == "v1"
-                    else f"{self.base_url}{model_path}/infer")
-        self.ready_url = (f"{self.base_url}/v1/models/{quote(model)}" if protocol == "v1"
-                          else f"{self.base_url}{model_path}/ready")
-
-    @property
-    def where(self) -> str:
-        return urlsplit(self.base_url).netloc or self.base_url
-
-    def predict_batch(self, images: Sequence[bytes], embedding: bool = False) -> list[Result]:
-        """All images in one request; each image's answer, or its BadImageError, in order."""
-        payload = encode_v1(images, embedding) if self.protocol == "v1" else encode_v2(images, embedding=embedding)
-        response = self.http.request("POST", self.url, json=payload,
-                                     headers={"Content-Type": "application/json", **self.token.header()})
-        body = parse_body(response)
-        carries_answers = isinstance(body, dict) and ("predictions" in body or "outputs" in body)
-        if response.status_code != 200 and not carries_answers:
-            raise classify(response.status_code, body, self.token, self.where, self.model, self.version)
-        if self.protocol == "v1":
-            return decode_v1(body, len(images), embedding)
-        return decode_v2(body, len(images), embedding)
-
-    def predict(self, image: bytes, embedding: bool = False) -> dict[str, Any]:
-        (result,) = self.predict_batch([image], embedding)
-        if isinstance(result, BadImageError):
-            raise result
-        return result
-
-    def ping(self) -> str:
-        response = self.http.request("GET", self.ready_url, headers=self.token.header())
-        body = parse_body(response)
-        if response.status_code != 200:
-            raise classify(response.status_code, body, self.token, self.where, self.model, self.version)
-        if isinstance(body, dict) and body.get("ready") is False:
-            return "not ready"
-        return "ready"
-
-    def close(self) -> None:
-        self.http.close()
+def request_groups(images: Sequence[bytes], max_images: int = MAX_IMAGES_PER_REQUEST,
+                   max_bytes: int = MAX_REQUEST_BYTES) -> Iterator[list[int]]:
+    """Consecutive indexes of `images`, grouped so that no request holds more than `max_images` images or
+    `max_bytes` image bytes (an image larger than that goes alone)."""
+    group: list[int] = []
+    size = 0
+    for index, image in enumerate(images):
+        if group and (len(group) >= max_images or size + len(image) > max_bytes):
+            yield group
+            group, size = [], 0
+        group.append(index)
+        size += len(image)
+    if group:
+        yield group
