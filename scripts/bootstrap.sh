@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Create .venv and install the pinned dependencies. Idempotent: reinstalls only when a lock file changed.
+# Create .venv and install the pinned dependencies (the locks scripts/lock.sh generates) with uv, and the project
+# itself, editable, for its console scripts. Idempotent: reinstalls only when a lock file or pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/venv-lib.sh
 
 die() { echo "bootstrap: $*" >&2; exit 1; }
 
@@ -23,13 +25,23 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv || die "could not create .venv (on Debian/Ubuntu: apt-get install python3.11-venv)."
 fi
 
+# requirements-test.txt is the product lock (requirements.lock) plus the test tools, uv among them; pyproject.toml
+# is in the stamp for the editable install of the project itself (its console scripts).
 stamp=.venv/.deps-stamp
-want=$(cat requirements.lock requirements-test.txt requirements-bench.txt | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.lock requirements-test.txt requirements-bench.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing pinned dependencies into .venv (first run takes about a minute)"
-  # torch is pinned in the same command as everything that depends on it, so pip never pulls another build.
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check \
-    -r requirements.lock -r requirements-test.txt -r requirements-bench.txt || die "pip install failed (see above)."
+  uv_pin=$(grep -m1 -E '^uv==' requirements-test.txt) || die "requirements-test.txt pins no uv."
+  if [ "$(.venv/bin/uv --version 2>/dev/null | cut -d' ' -f2)" != "${uv_pin#uv==}" ]; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check "$uv_pin" \
+      2> >(grep -v '^WARNING: Location' >&2) || die "pip install $uv_pin failed (see above)."
+  fi
+  # torch is pinned in the same command as everything that depends on it, so the CUDA build is never pulled.
+  # shellcheck disable=SC2046  # torch_source prints options to split
+  .venv/bin/uv pip install --quiet --python .venv/bin/python $(torch_source) \
+    -r requirements.lock -r requirements-test.txt -r requirements-bench.txt || die "uv pip install failed (see above)."
+  .venv/bin/uv pip install --quiet --python .venv/bin/python --no-deps --no-build-isolation -e . \
+    || die "installing the project (console scripts embedding-*) failed (see above)."
   echo "$want" > "$stamp"
 fi
 

@@ -2,12 +2,13 @@
 # Usage: scripts/client-venvs.sh [NAME ...]   (default: every requirements-clients/*.txt)
 # Create one virtual environment per inference client the serving image is tested with (KServe's and Triton's
 # Python clients, oldest and newest supported), holding exactly the pins of requirements-clients/NAME.txt
-# (installed with --no-deps), under build/venvs/client-NAME-<sha256 of the file>. Their pins (protobuf, numpy,
+# (installed with --no-deps, by uv: scripts/venv-lib.sh), under build/venvs/client-NAME-<sha256 of the file>. Their pins (protobuf, numpy,
 # httpx) conflict with the project's .venv and with each other, hence one each. Prints "NAME PYTHON" per venv.
 # Cached: while a file is unchanged a second call only prints the path. A venv counts as complete only once its
 # .complete stamp is written (last), so an interrupted install is redone; a lock serialises concurrent callers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/venv-lib.sh
 PY=${PYTHON:-python3}
 if [ $# -eq 0 ]; then
   set -- $(ls requirements-clients/*.txt | xargs -n1 basename | sed 's/\.txt$//')
@@ -25,10 +26,8 @@ for name in "$@"; do
     for old in build/venvs/client-"$name"-????????????????; do  # earlier pins of the same file
       [ -d "$old" ] && rm -rf "$old"
     done
-    "$PY" -m venv "$VENV" >&2 || { echo "client-venvs: could not create $VENV" >&2; exit 1; }
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$REQ" \
-      2> >(grep -v '^WARNING: Location' >&2) >&2 \
-      || { echo "client-venvs: pip install -r $REQ failed (see above)" >&2; exit 1; }
+    make_venv "$PY" "$VENV" --no-deps -r "$REQ" \
+      || { echo "client-venvs: installing $REQ into $VENV failed (see above)" >&2; exit 1; }
     touch "$VENV/.complete"
   fi
   exec 9>&-

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Usage: scripts/kserve-storage-venv.sh [REQUIREMENTS]   (default requirements-kserve-storage.txt)
-# Create a virtual environment holding exactly the pins of REQUIREMENTS (installed with --no-deps) under
+# Create a virtual environment holding exactly the pins of REQUIREMENTS (installed with --no-deps, by uv: scripts/venv-lib.sh) under
 # build/venvs/<name>-<sha256 of the file>, and print its python. Used for KServe's storage-initializer code (one
 # file per KServe version: their pins conflict with kfp's and with each other) and the loopback GCS emulator.
 # Cached: while the file is unchanged a second call only prints the path. A venv counts as complete only once its
 # .complete stamp is written (last), so an interrupted install is redone; a lock serialises concurrent callers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/venv-lib.sh
 REQ=${1:-requirements-kserve-storage.txt}
 PY=${PYTHON:-python3}
 [ -f "$REQ" ] || { echo "kserve-storage-venv: $REQ: no such requirements file" >&2; exit 1; }
@@ -21,10 +22,8 @@ if [ ! -f "$VENV/.complete" ]; then
   for old in build/venvs/"$name"-????????????????; do  # earlier pins of the same file
     [ -d "$old" ] && rm -rf "$old"
   done
-  "$PY" -m venv "$VENV" >&2 || { echo "kserve-storage-venv: could not create $VENV" >&2; exit 1; }
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$REQ" \
-    2> >(grep -v '^WARNING: Location' >&2) >&2 \
-    || { echo "kserve-storage-venv: pip install -r $REQ failed (see above)" >&2; exit 1; }
+  make_venv "$PY" "$VENV" --no-deps -r "$REQ" \
+    || { echo "kserve-storage-venv: installing $REQ into $VENV failed (see above)" >&2; exit 1; }
   touch "$VENV/.complete"
 fi
 echo "$PWD/$VENV/bin/python"
