@@ -1,10 +1,11 @@
-"""The project's settings: names, paths and defaults, and the two files that hold the server's numbers.
+"""The project's settings: names, paths, defaults and the serving numbers, each defined once, here.
 
 Every package (client, serving, training, pipeline, bench, queue bridge) takes ports, addresses, the model
-name, request limits, token lifetime, workers and threads from here. Numbers the server uses live in
-config.properties (TorchServe) and model-config.yaml (batching, workers, handler limits); this module reads
-them once and never repeats them. It imports only the standard library and PyYAML, so it sits at the bottom
-of the import graph: the client does not need the server package to know where the server is.
+name, request limits, token lifetime, workers and threads from here. Two files TorchServe reads must carry some
+of the serving numbers as literals: config.properties (addresses, request sizes, token lifetime) is read here
+too, and model-config.yaml is packed into the .mar; tests/unit/test_settings.py holds each literal in them equal
+to the constant below. This module imports only the standard library and PyYAML, so it sits at the bottom of
+the import graph: the client does not need the server package to know where the server is.
 
 What a trained model needs at serving time (k, threshold, score, preprocessing) is not a setting: it lives in
 the model's metadata.json, written by training.
@@ -27,6 +28,8 @@ CONFIG_FILE = REPO / "config.properties"
 MODEL_CONFIG_FILE = REPO / "model-config.yaml"
 MODEL_NAME = "embedding"
 MODEL_VERSION = "1.0"
+#: Where training writes and archiving reads artifacts when no folder is named: the repository's artifacts/,
+#: wherever the command is started from.
 DEFAULT_ARTIFACTS = REPO / "artifacts"
 DEFAULT_MODEL_STORE = REPO / "model_store"
 KEY_FILE = "key_file.json"
@@ -37,16 +40,27 @@ PVC_MOUNT_ENV, PVC_MOUNT_DEFAULT = "PVC_MOUNT_PATH", "/mnt/pvc"
 #: Torch threads of one-process jobs (training, evaluation, the offline service) unless --threads or
 #: $OMP_NUM_THREADS say otherwise. Fixed rather than "all cores" because the thread count changes the order of
 #: floating-point sums, so the same seed gives the same model only at the same count; 2 is the small machine
-#: this project targets. TorchServe workers use model-config.yaml's handler.threads instead (one each, with
-#: as many workers as cores).
+#: this project targets. TorchServe workers use WORKER_THREADS instead.
 DEFAULT_THREADS = 2
+#: TorchServe workers of the model: model-config.yaml's minWorkers and maxWorkers, config.properties'
+#: default_workers_per_model. Two single-threaded workers fill the 2-core machine this project targets.
+WORKERS = 2
+#: Torch threads (OMP_NUM_THREADS) in each TorchServe worker: model-config.yaml's handler.threads, the
+#: environment `python -m serving start`, the images and the KServe pod give TorchServe.
+WORKER_THREADS = 1
+#: Seconds one request may take: TorchServe's responseTimeout (model-config.yaml) and default_response_timeout
+#: (config.properties), and the per-request timeout of the project's HTTP clients.
+REQUEST_TIMEOUT_S = 30
+#: Largest decoded image the handler accepts (model-config.yaml handler.max_image_pixels; larger ones are
+#: refused with 413 before their pixels are decoded).
+MAX_IMAGE_PIXELS = 16_000_000
 #: Inside a KServe pod: the gateway listens on KServe's container port, TorchServe behind it on loopback.
 KSERVE_GATEWAY_PORT = 8080
 #: The gateway's Open Inference gRPC (KServe grpc-v2) port: KServe's model server's default gRPC port.
 KSERVE_GRPC_PORT = 8081
 POD_TORCHSERVE_PORT = 8085
 #: Settings of config.properties that hold wherever TorchServe runs, the KServe pod included
-#: (pipeline.kserve.runtime_properties copies them and refuses a config.properties without one): request limits,
+#: (pipeline.kserve_deploy.runtime_properties copies them and refuses a config.properties without one): request limits,
 #: the metrics format, and model_metrics_auto_detect, without which TorchServe (default false) drops every
 #: Embedding* metric the handler emits and the alerts on them never evaluate.
 SERVER_PROPERTIES = ("max_request_size", "max_response_size", "limit_max_image_pixels", "job_queue_size",
@@ -125,21 +139,6 @@ def max_request_size(props: dict[str, str] | None = None) -> int:
 def token_lifetime_min(props: dict[str, str] | None = None) -> int:
     """Minutes a TorchServe API key lives before it must be regenerated."""
     return int(_required(props if props is not None else properties(), "token_expiration_min"))
-
-
-def workers() -> int:
-    """TorchServe workers of the model (model-config.yaml minWorkers)."""
-    return int(model_config()["minWorkers"])
-
-
-def worker_threads() -> int:
-    """Torch threads in each TorchServe worker (model-config.yaml handler.threads)."""
-    return int(model_config()["handler"]["threads"])
-
-
-def max_image_pixels() -> int:
-    """Largest decoded image the handler accepts (model-config.yaml handler.max_image_pixels)."""
-    return int(model_config()["handler"]["max_image_pixels"])
 
 
 @dataclass(frozen=True)

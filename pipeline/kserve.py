@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from settings import (CONFIG_FILE, KSERVE_GRPC_PORT, MODEL_CONFIG_FILE, POD_TORCHSERVE_PORT, PVC_MOUNT_DEFAULT,
-                      PVC_MOUNT_ENV, Endpoints, properties, read_properties, write_properties)
+                      PVC_MOUNT_ENV, WORKER_THREADS, Endpoints, properties, read_properties, write_properties)
 
 from .manifests import ManifestError, validate
 
@@ -306,8 +306,8 @@ def inference_service(name: str, namespace: str, storage_uri: str, protocol: str
         "modelFormat": {"name": "pytorch"},
         "protocolVersion": protocol,
         "storageUri": storage_uri,
-        # Two single-threaded workers (model-config.yaml) instead of threads oversubscribing the CPU limit.
-        "env": [{"name": "OMP_NUM_THREADS", "value": "1"},
+        # Single-threaded workers (settings.WORKER_THREADS) instead of threads oversubscribing the CPU limit.
+        "env": [{"name": "OMP_NUM_THREADS", "value": str(WORKER_THREADS)},
                 {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": api_key_secret, "key": "api-key"}}}],
         "resources": copy.deepcopy(resources) if resources is not None else {"requests": dict(default),
                                                                               "limits": dict(default)},

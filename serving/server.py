@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from settings import (CONFIG_FILE, KEY_FILE, MODEL_NAME, REPO, Endpoints, read_properties, with_ports, worker_threads,
+from settings import (CONFIG_FILE, KEY_FILE, MODEL_NAME, REPO, WORKER_THREADS, Endpoints, read_properties, with_ports,
                       write_properties)
 from torchserve_api.errors import ClientError
 from torchserve_api.management import ManagementClient
@@ -204,7 +204,7 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
           threads: int | None = None) -> float:
     """Launch TorchServe, wait until READY, return seconds from launch to READY.
 
-    `threads` is OMP_NUM_THREADS of the workers; default model-config.yaml's handler.threads."""
+    `threads` is OMP_NUM_THREADS of the workers; default settings.WORKER_THREADS."""
     if shutil.which("java") is None:
         raise ServerError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
     if instance.pid() is not None:
@@ -225,7 +225,7 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
     instance.tmpdir.chmod(0o700)
     # Java ignores TMPDIR: without java.io.tmpdir the worker sockets and the unpacked .mar would sit in
     # the shared /tmp, where instances collide and other local users could squat the paths.
-    threads = worker_threads() if threads is None else threads
+    threads = WORKER_THREADS if threads is None else threads
     env = dict(os.environ, TMPDIR=str(instance.tmpdir), OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads), PYTHONPATH="",
                JAVA_TOOL_OPTIONS=f"-Djava.io.tmpdir={instance.tmpdir}")

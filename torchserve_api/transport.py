@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import requests
 from requests.adapters import HTTPAdapter
 
-from settings import CONFIG_FILE, Endpoints, SettingsError, read_properties
+from settings import CONFIG_FILE, REQUEST_TIMEOUT_S, Endpoints, SettingsError, read_properties
 
 from .errors import (AuthError, BadImageError, ClientError, ConnectionFailed, ModelNotFoundError, RequestTimeout,
                      ServerError, UsageError)
@@ -88,7 +88,7 @@ def classify(status: int, body: Any, token: Token, where: str, model: str = "", 
 class Http:
     """requests with one Session per thread (Sessions are not thread-safe), timeouts and retries."""
 
-    def __init__(self, timeout: float = 30.0, retry: RetryPolicy | None = None, trust_env: bool = True) -> None:
+    def __init__(self, timeout: float = REQUEST_TIMEOUT_S, retry: RetryPolicy | None = None, trust_env: bool = True) -> None:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self.trust_env = trust_env

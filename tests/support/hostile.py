@@ -39,14 +39,13 @@ from urllib.parse import urlsplit
 import numpy as np
 from PIL import Image, ImageDraw
 
-from settings import max_image_pixels, max_request_size
+from settings import MAX_IMAGE_PIXELS, max_request_size
 
 Expect = Literal["reject", "accept"]
 OCTET = {"Content-Type": "application/octet-stream"}
 JSON = {"Content-Type": "application/json"}
 
 MAX_REQUEST_SIZE = max_request_size()
-MAX_IMAGE_PIXELS = max_image_pixels()
 
 
 @dataclass(frozen=True)

@@ -34,14 +34,34 @@ def test_endpoints_come_from_config_properties_and_a_missing_key_is_named():
         settings.Endpoints.from_properties(broken)
 
 
-def test_limits_and_threads_are_read_from_the_config_files():
+def test_max_request_size_is_read_from_config_properties():
+    assert settings.max_request_size() == int(settings.read_properties(settings.CONFIG_FILE)["max_request_size"])
+
+
+def test_the_config_files_carry_the_settings_serving_numbers():
+    """model-config.yaml (packed into the .mar) and config.properties must hold these as literals."""
     import yaml
 
     model_config = yaml.safe_load(settings.MODEL_CONFIG_FILE.read_text())
-    assert settings.max_image_pixels() == model_config["handler"]["max_image_pixels"]
-    assert settings.worker_threads() == model_config["handler"]["threads"]
-    assert settings.workers() == model_config["minWorkers"]
-    assert settings.max_request_size() == int(settings.read_properties(settings.CONFIG_FILE)["max_request_size"])
+    props = settings.read_properties(settings.CONFIG_FILE)
+    assert model_config["minWorkers"] == model_config["maxWorkers"] == settings.WORKERS
+    assert int(props["default_workers_per_model"]) == settings.WORKERS
+    assert model_config["handler"]["threads"] == settings.WORKER_THREADS
+    assert model_config["responseTimeout"] == settings.REQUEST_TIMEOUT_S
+    assert int(props["default_response_timeout"]) == settings.REQUEST_TIMEOUT_S
+    assert model_config["handler"]["max_image_pixels"] == settings.MAX_IMAGE_PIXELS
+
+
+def test_the_images_and_the_serving_runtime_give_workers_the_settings_thread_count():
+    import re
+
+    import yaml
+
+    for dockerfile in (settings.REPO / "Dockerfile", settings.REPO / "serving" / "Dockerfile"):
+        assert re.findall(r"\bOMP_NUM_THREADS=(\d+)", dockerfile.read_text()) == [str(settings.WORKER_THREADS)]
+    runtime = yaml.safe_load((settings.REPO / "deploy" / "kserve" / "servingruntime.yaml").read_text())
+    env = {e["name"]: e.get("value") for c in runtime["spec"]["containers"] for e in c.get("env", [])}
+    assert env["OMP_NUM_THREADS"] == str(settings.WORKER_THREADS)
 
 
 @pytest.mark.parametrize("value,expected", [("3", 3), ("4,2", 4), ("0", settings.DEFAULT_THREADS),
@@ -57,8 +77,8 @@ def test_cache_root_follows_xdg(monkeypatch, tmp_path):
 
 
 def test_the_library_pixel_limit_is_the_served_one():
-    """handler/preprocessing.py keeps a default for offline callers (the handler inside a .mar cannot read the
-    repository's files); it must be the limit model-config.yaml gives the server."""
+    """handler/preprocessing.py keeps a default for offline callers (the handler inside a .mar cannot import
+    settings); it must be the limit the settings give the server."""
     from handler.preprocessing import DEFAULT_MAX_PIXELS
 
-    assert settings.max_image_pixels() == DEFAULT_MAX_PIXELS
+    assert DEFAULT_MAX_PIXELS == settings.MAX_IMAGE_PIXELS

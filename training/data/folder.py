@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from handler.preprocessing import DEFAULT_MAX_PIXELS, DIGITS, InvalidImageError, Profile, decode_image
+from handler.preprocessing import DIGITS, InvalidImageError, Profile, decode_image
+from settings import MAX_IMAGE_PIXELS
 
 from . import DataError, Dataset
 
@@ -79,7 +80,7 @@ def is_image_name(name: str) -> bool:
 
 def _canvas(path: Path, profile: Profile = DIGITS) -> np.ndarray:
     try:
-        return profile.canvas(decode_image(path.read_bytes()), DEFAULT_MAX_PIXELS)
+        return profile.canvas(decode_image(path.read_bytes()), MAX_IMAGE_PIXELS)
     except (InvalidImageError, OSError, ValueError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise DataError(f"{path}: {reason}") from None
