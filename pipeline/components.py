@@ -148,7 +148,7 @@ def compare_with_deployed(evaluated: Input[Model], model_name: str, namespace: s
     from handler.artifacts import read_metadata
     from pipeline.gate import decide
     from pipeline.gate import report as gate_report
-    from pipeline.kserve import resolve_namespace, service_name_for
+    from pipeline.kserve_deploy import resolve_namespace, service_name_for
 
     metrics = read_metadata(Path(evaluated.path))["metrics"]
     name = service_name or service_name_for(model_name)
@@ -175,7 +175,7 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
 
     from handler.artifacts import sha256_file
     from pipeline.gate import annotations_for
-    from pipeline.kserve import KServeTarget, deploy
+    from pipeline.kserve_deploy import KServeTarget, deploy
     from pipeline.params import storage_environment
 
     os.environ.update(storage_environment())

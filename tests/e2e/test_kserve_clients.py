@@ -20,7 +20,7 @@ from support.containers import build_images, client_pythons, engine_or_reason, s
 from support.imagegen import png_bytes
 
 from handler.service import EmbeddingService
-from pipeline.kserve import inference_service, stage_layout
+from pipeline.kserve_deploy import inference_service, stage_layout
 from settings import MODEL_NAME, MODEL_VERSION, REPO
 
 ENGINE, WHY_NOT = engine_or_reason()

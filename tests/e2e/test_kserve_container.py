@@ -29,7 +29,7 @@ from support.s3server import client_env, files, kserve_download, s3_server
 
 from client import BadImageError, EmbeddingClient
 from handler.service import EmbeddingService
-from pipeline.kserve import KServeTarget, deploy
+from pipeline.kserve_deploy import KServeTarget, deploy
 from pipeline.manifests import quantity
 
 ENGINE, WHY_NOT = engine_or_reason()

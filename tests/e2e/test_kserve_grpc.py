@@ -22,7 +22,7 @@ from support.containers import (build_images, client_pythons, engine_or_reason, 
 from support.imagegen import png_bytes
 
 from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_OUTPUTS
-from pipeline.kserve import inference_service, stage_layout
+from pipeline.kserve_deploy import inference_service, stage_layout
 from settings import KSERVE_GRPC_PORT, MODEL_NAME, MODEL_VERSION, REPO
 
 ENGINE, WHY_NOT = engine_or_reason()

@@ -1,5 +1,5 @@
 """The serving image as the ServingRuntime runs it (command, arguments, environment, user and probes read from
-deploy/kserve/servingruntime.yaml), with /mnt/models laid out by pipeline.kserve.stage_layout: the cluster's
+deploy/kserve/servingruntime.yaml), with /mnt/models laid out by pipeline.kserve_deploy.stage_layout: the cluster's
 own config.properties (runtime_properties) and the .mar.
 
 - Metrics: after traffic, the container's metrics port (scraped from outside, without a key) carries every
@@ -24,7 +24,7 @@ from support.containers import (Container, build_images, engine_or_reason, http_
                                 wait_for_probe)
 from serving.samples import user_digit_png
 
-from pipeline.kserve import METRICS_PORT, inference_service, stage_layout
+from pipeline.kserve_deploy import METRICS_PORT, inference_service, stage_layout
 from serving import archive
 from serving import prometheus as prom
 from serving.gateway_metrics import REQUEST_SECONDS

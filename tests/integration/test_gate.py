@@ -11,7 +11,7 @@ import yaml
 from support.rollout import archive, cluster, deploy_version, entry, pvc, record  # noqa: F401 (fixtures)
 
 from pipeline.gate import ANNOTATIONS, GateError, decide, report
-from pipeline.kserve import KServeError
+from pipeline.kserve_deploy import KServeError
 from serving.server import free_ports
 from settings import REPO
 

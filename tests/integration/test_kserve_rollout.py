@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from support.rollout import archive, cluster, deploy_version, entry, pvc, record  # noqa: F401 (fixtures)
 
-from pipeline import kserve
-from pipeline.kserve import GROUP, PLURAL, VERSION, KServeError, inference_service
+from pipeline import kserve_deploy
+from pipeline.kserve_deploy import GROUP, PLURAL, VERSION, KServeError, inference_service
 
 
 def writes(cluster, resource: str) -> list[dict]:
@@ -29,11 +29,11 @@ def test_5xx_on_the_patch_is_retried_with_backoff(cluster, archive, pvc):
 
 def test_5xx_that_persists_ends_on_one_line_and_changes_nothing(cluster, archive, pvc):
     deploy_version(archive, "1.0", 0.9)
-    cluster.fail_next("PATCH", "inferenceservices", 503, times=kserve.API_ATTEMPTS)
+    cluster.fail_next("PATCH", "inferenceservices", 503, times=kserve_deploy.API_ATTEMPTS)
     with pytest.raises(KServeError, match=r"^InferenceService models/embedding: 503 Service Unavailable: Internal "
                                           r"error occurred: injected$"):
         deploy_version(archive, "2.0", 0.9)
-    assert len(writes(cluster, "inferenceservices")) == 1 + kserve.API_ATTEMPTS
+    assert len(writes(cluster, "inferenceservices")) == 1 + kserve_deploy.API_ATTEMPTS
     assert cluster.isvc("models", "embedding")["spec"]["predictor"]["model"]["storageUri"].endswith("/1.0")
     assert record(cluster)["current"] == entry("1.0", 0.9)
 
@@ -71,7 +71,7 @@ def test_409_on_the_patch_rereads_and_reapplies(cluster, archive, pvc):
 
 def test_a_record_that_cannot_be_written_says_what_serves(cluster, archive, pvc):
     deploy_version(archive, "1.0", 0.9)
-    cluster.fail_next("PUT", "configmaps", 500, times=kserve.API_ATTEMPTS)
+    cluster.fail_next("PUT", "configmaps", 500, times=kserve_deploy.API_ATTEMPTS)
     with pytest.raises(KServeError, match=r"^version 2\.0 \(pvc://models/embedding/2\.0\) serves, but its record "
                                           r"ConfigMap models/embedding-deployed-model could not be written: 500 "):
         deploy_version(archive, "2.0", 0.95)
@@ -122,7 +122,7 @@ def test_a_missing_claim_is_refused(cluster, archive, pvc):
 
 def test_a_claim_in_another_namespace_than_the_task_is_refused(cluster, archive, pvc, tmp_path, monkeypatch):
     (tmp_path / "namespace").write_text("kubeflow\n")
-    monkeypatch.setattr(kserve, "NAMESPACE_FILE", tmp_path / "namespace")
+    monkeypatch.setattr(kserve_deploy, "NAMESPACE_FILE", tmp_path / "namespace")
     with pytest.raises(KServeError, match=r"^pvc://models/embedding/1\.0: KServe mounts claim models from namespace "
                                           r"models but this task runs in kubeflow, where its claim is mounted"):
         deploy_version(archive, "1.0", 0.9)
@@ -185,7 +185,7 @@ def test_a_pull_secret_no_longer_asked_for_is_removed_by_the_next_deploy(cluster
 def test_standin_generation_resource_version_and_patch_types(cluster):
     from kubernetes.client.exceptions import ApiException
 
-    api = kserve.custom_objects_api()
+    api = kserve_deploy.custom_objects_api()
     where = (GROUP, VERSION, "models", PLURAL)
     cluster.role = {**cluster.role, "rules": [{"apiGroups": [GROUP], "resources": [PLURAL],
                                                "verbs": ["get", "create", "patch", "update"]}]}  # PUT too, here

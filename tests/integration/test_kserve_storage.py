@@ -14,7 +14,7 @@ import yaml
 from support.kserve_versions import BOTOCORE_ENV, VERSIONS, download, installed, s3_settings_in, storage_config
 from support.s3server import EXAMPLE_SECRET, client_env, files, s3_server, storage_initializer_env
 
-from pipeline.kserve import KServeError, KServeTarget, deploy
+from pipeline.kserve_deploy import KServeError, KServeTarget, deploy
 
 LAYOUT = ["config/config.properties", "model-store/embedding.mar"]
 

@@ -16,7 +16,7 @@ from serving.server import Instance, free_ports, private_instance, start, stop
 from support.idx_fixtures import make_idx_dir
 
 from pipeline import params as P
-from pipeline.kserve import KServeError, KServeTarget, deploy
+from pipeline.kserve_deploy import KServeError, KServeTarget, deploy
 from settings import MODEL_CONFIG_FILE, REPO, read_properties, with_ports, write_properties
 
 TASKS = {"load-data", "train", "build-index", "evaluate", "archive"}
@@ -311,7 +311,7 @@ def _files(root: Path) -> list[str]:
 
 
 def test_kserve_dry_run_layout_and_manifest(mar, tmp_path):
-    from pipeline.kserve import API_KEY_ENV, DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME
+    from pipeline.kserve_deploy import API_KEY_ENV, DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME
     from pipeline.manifests import validate
 
     store = tmp_path / "store"
@@ -357,7 +357,7 @@ def test_kserve_dry_run_layout_and_manifest(mar, tmp_path):
     (("spec", "predictor", "minReplicas"), "1", "minReplicas"),
 ])
 def test_kserve_schema_rejects_what_the_cluster_would_drop_or_refuse(path, value, where):
-    from pipeline.kserve import inference_service
+    from pipeline.kserve_deploy import inference_service
     from pipeline.manifests import ManifestError, validate
 
     manifest = inference_service("embedding", "default", "s3://bucket/embedding/1.0", "v1", "embedding", "1.0")
@@ -505,7 +505,7 @@ def test_kserve_times_out_with_the_ready_condition_message(mar, tmp_path):
 
 
 def test_kserve_raw_deployment_mode_needs_only_ready():
-    from pipeline.kserve import wait_ready
+    from pipeline.kserve_deploy import wait_ready
 
     class RawDeployment:
         def get_namespaced_custom_object(self, *where):

@@ -146,7 +146,7 @@ def test_fast_variant_is_derived_from_the_shipped_files(tmp_path):
 
 def test_kubernetes_scraping_targets_the_predictor_metrics_port():
     """No schema is stored for Service/ServiceMonitor: check what ties them to the deployment instead."""
-    from pipeline.kserve import METRICS_PORT
+    from pipeline.kserve_deploy import METRICS_PORT
 
     kube = prom.PROMETHEUS_DIR / "kubernetes"
     service, monitor = yaml.safe_load_all((kube / "servicemonitor.yaml").read_text())

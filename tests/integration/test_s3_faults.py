@@ -8,7 +8,7 @@ import pytest
 from support.rollout import archive, cluster, target  # noqa: F401 (fixtures)
 from support.s3server import ACCESS_KEY, REGION, SECRET_KEY, FaultyS3, client_env, s3_server
 
-from pipeline.kserve import KServeError, deploy
+from pipeline.kserve_deploy import KServeError, deploy
 
 MAR_KEY = "embedding/1.0/model-store/embedding.mar"
 AFTER = rf" \(uploading {MAR_KEY}; nothing points at this version: rerun to upload it again\)$"

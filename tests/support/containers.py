@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.kserve import API_KEY_ENV
+from pipeline.kserve_deploy import API_KEY_ENV
 from pipeline.manifests import engine_limit_args
 from settings import REPO
 from serving.server import free_ports

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from support.k8s_standin import KubernetesStandin, write_kubeconfig
 
-from pipeline import kserve
+from pipeline import kserve_deploy
 from pipeline.gate import annotations_for
-from pipeline.kserve import KServeTarget, deploy
+from pipeline.kserve_deploy import KServeTarget, deploy
 
 TOKEN = "runner-token"
 
@@ -23,8 +23,8 @@ def cluster(tmp_path, monkeypatch):
     with standin as url:
         monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", url, TOKEN)))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        monkeypatch.setattr(kserve, "NAMESPACE_FILE", tmp_path / "no-pod-namespace")
-        monkeypatch.setattr(kserve, "API_BACKOFF_S", 0.01)
+        monkeypatch.setattr(kserve_deploy, "NAMESPACE_FILE", tmp_path / "no-pod-namespace")
+        monkeypatch.setattr(kserve_deploy, "API_BACKOFF_S", 0.01)
         yield standin
 
 
@@ -50,7 +50,7 @@ def target(version: str, accuracy: float, **options) -> KServeTarget:
                            "poll_s": 0.01, "timeout_s": 5, **options})
 
 
-def deploy_version(archive: Path, version: str, accuracy: float, **options) -> kserve.Deployment:
+def deploy_version(archive: Path, version: str, accuracy: float, **options) -> kserve_deploy.Deployment:
     return deploy(archive, "embedding", version, target(version, accuracy, **options))
 
 
@@ -62,4 +62,4 @@ def record(cluster: KubernetesStandin) -> dict:
 
 def entry(version: str, accuracy: float) -> dict:
     return {**annotations_for(accuracy, 0.9, version, "ab" * 32, f"run-{version}"),
-            kserve.STORAGE_URI_KEY: f"pvc://models/embedding/{version}"}
+            kserve_deploy.STORAGE_URI_KEY: f"pvc://models/embedding/{version}"}

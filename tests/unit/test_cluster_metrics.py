@@ -1,5 +1,5 @@
 """The cluster's metrics without a container: every series the shipped rules use is one that the KServe pod's
-config.properties (pipeline.kserve.runtime_properties) makes TorchServe, the handler or the gateway produce,
+config.properties (pipeline.kserve_deploy.runtime_properties) makes TorchServe, the handler or the gateway produce,
 as their code declares them; the gateway's latency histogram; the handler's version label; the environment
 TorchServe's workers get in the serving image."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from pipeline.kserve import KServeError, runtime_properties
+from pipeline.kserve_deploy import KServeError, runtime_properties
 from serving import prometheus as prom
 from serving.gateway_metrics import BUCKETS, REQUEST_SECONDS, GatewayMetrics, histogram_series, inference_target
 from serving.torchserve_env import torchserve_environment

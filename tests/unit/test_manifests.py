@@ -209,7 +209,7 @@ def test_validate_file_reads_every_document(tmp_path):
 
 
 def test_kserve_inference_service_passes_the_official_schema():
-    from pipeline.kserve import inference_service
+    from pipeline.kserve_deploy import inference_service
 
     for protocol in ("v1", "v2"):
         validate(inference_service("embedding", "models", "s3://bucket/embedding/1.0", protocol, "embedding", "1.0",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from pipeline.kserve import METRICS_PORT
+from pipeline.kserve_deploy import METRICS_PORT
 from pipeline.manifests import ManifestError, validate, validate_file
 from pipeline.networkpolicy import POLICY_FILE, main, network_policy
 

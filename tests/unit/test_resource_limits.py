@@ -27,7 +27,7 @@ def test_limits_become_a_cpu_quota_and_a_memory_limit_without_swap():
 
 def test_the_runtime_and_the_inference_service_ask_for_the_same_resources():
     """KServe merges the InferenceService's resources over the runtime's: both say what was measured."""
-    from pipeline.kserve import PREDICTOR_CPU, PREDICTOR_MEMORY, inference_service
+    from pipeline.kserve_deploy import PREDICTOR_CPU, PREDICTOR_MEMORY, inference_service
     from support.containers import runtime_container
 
     runtime = runtime_container()["resources"]
