@@ -26,6 +26,9 @@ import yaml
 REPO = Path(__file__).resolve().parent
 CONFIG_FILE = REPO / "config.properties"
 MODEL_CONFIG_FILE = REPO / "model-config.yaml"
+#: TorchServe's log4j2 configuration (serving/ travels into the serving image). Launchers pass it as
+#: `torchserve --log-config`, which resolves it wherever the server's working directory is.
+LOG_CONFIG_FILE = REPO / "serving" / "log4j2.xml"
 MODEL_NAME = "embedding"
 MODEL_VERSION = "1.0"
 #: Where training writes and archiving reads artifacts when no folder is named: the repository's artifacts/,
