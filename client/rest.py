@@ -12,7 +12,7 @@ from handler.requests import EMBEDDING_OPTION
 from torchserve_api.transport import Http, auth_error, classify, is_loopback, parse_body
 
 from .answers import Result, as_answer, predict_grouped
-from .errors import UsageError
+from .errors import BadImageError, UsageError
 from .kserve_codec import decode_v1, decode_v2, encode_v1, encode_v2, request_groups
 from .tokens import Token
 

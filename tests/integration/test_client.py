@@ -230,18 +230,28 @@ def test_cli_embed_writes_the_npy_and_the_file_order(torchserve, image_folder, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["embeddings.files.json", "embeddings.npy"]
 
 
+def test_cli_embed_goes_on_past_a_refused_image_and_lists_it(torchserve, image_folder, tmp_path, offline_embeddings):
+    bad = tmp_path / "broken.png"
+    bad.write_bytes(b"garbage")
+    out = tmp_path / "work" / "e.npy"
+    result = run_cli("embed", str(bad), str(image_folder), "--out", str(out), "--url", torchserve.endpoints.inference,
+                     "--key-file", str(torchserve.key_file), "--no-progress", cwd=tmp_path)
+    assert result.returncode == 5, result.stderr
+    assert f"client: failed: {bad}: {NOT_AN_IMAGE} (HTTP 400)" in result.stderr.splitlines()
+    np.testing.assert_allclose(np.load(out, allow_pickle=False), offline_embeddings, atol=1e-6)
+    sidecar = json.loads((out.parent / "e.files.json").read_text())
+    assert sidecar["files"] == [str(image_folder / f"digit_{d}.png") for d in range(10)]
+    assert sidecar["failed"] == [{"image": str(bad), "error": NOT_AN_IMAGE, "status": 400, "kind": "BadImageError"}]
+
+
 @pytest.mark.parametrize("case,code,message", [
-    ("refused image", 5, "broken.png: not an image Pillow can read"),
     ("missing file", 2, "nope.png: no such file or folder"),
     ("no token", 3, "no token sent"),
 ])
 def test_cli_embed_failure_is_one_line_and_writes_nothing(torchserve, image_folder, tmp_path, case, code, message):
     work = tmp_path / "work"
     work.mkdir()
-    bad = tmp_path / "broken.png"
-    bad.write_bytes(b"garbage")
-    images = {"refused image": [str(image_folder), str(bad)], "missing file": [str(tmp_path / "nope.png")],
-              "no token": [str(image_folder)]}[case]
+    images = {"missing file": [str(tmp_path / "nope.png")], "no token": [str(image_folder)]}[case]
     keys = [] if case == "no token" else ["--key-file", str(torchserve.key_file)]
     result = run_cli("embed", *images, "--out", str(work / "e.npy"), "--url", torchserve.endpoints.inference, *keys,
                      "--no-progress", cwd=tmp_path)

@@ -159,7 +159,7 @@ def test_cli_switches_and_shows_the_default(served, tmp_path):
     try:
         switched = cli("set-default", "2.0")
         assert switched.returncode == 0 and "2.0" in switched.stdout, switched.stderr
-        status = cli("status", "--json")
+        status = cli("status", "--format", "json")
         assert status.returncode == 0 and json.loads(status.stdout)["default"] == "2.0"
         text = cli("status")
         assert "* 2.0" in text.stdout and "READY" in text.stdout and f"maxBatchDelay={model_config()['maxBatchDelay']}ms" in text.stdout
