@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -67,13 +68,22 @@ def test_each_kind_of_event_has_its_file(config):
     assert reached("org.pytorch.serve.wlm.WorkerLifeCycle", config) == ["ts_log", "console"]
 
 
-def test_metric_logs_are_off_and_chatty_loggers_quiet(config):
+def test_metric_logs_are_off_and_per_request_frontend_lines_filtered(config):
     by_name = loggers(config)
     assert by_name["TS_METRICS"].get("level") == by_name["MODEL_METRICS"].get("level") == "off"
-    for name in ("org.pytorch.serve.wlm.WorkerLifeCycle", "org.pytorch.serve.wlm.WorkerThread",
-                 "org.pytorch.serve.wlm.BatchAggregator"):
-        assert by_name[name].get("level") == "warn"
-    assert by_name["org.pytorch.serve"].get("level") == "info"
+    frontend = by_name["org.pytorch.serve"]
+    assert frontend.get("level") == "info"
+    regex = re.compile(frontend.find("RegexFilter").get("regex"))
+    for chatter in ("result=[METRICS]EmbeddingBatchSize.Count:1|#ModelName:embedding", "Backend response time: 37",
+                    "Registering auto detected backend metric: EmbeddingSearchMs.Milliseconds:4.9",
+                    "Looping backend response at: 1795737071091", "Sending response for jobId b9285403"):
+        assert regex.fullmatch(chatter), chatter
+    for lifecycle in ("W-9000-embedding_1.0 Worker disconnected. WORKER_MODEL_LOADED", "Retry worker: 9000 in 1 seconds.",
+                      "Load model failed: embedding, error: Worker died.", "Model embedding loaded."):
+        assert not regex.fullmatch(lifecycle), lifecycle
+    model = by_name["MODEL_LOG"].find("RegexFilter").get("regex")
+    assert re.fullmatch(model, "Backend received inference at: 1795737071")
+    assert not re.fullmatch(model, "batch=8 rejected=1 unknown=0 preprocess_ms=1.92")
 
 
 def test_layouts_write_one_line_and_never_an_exception_message(config):
