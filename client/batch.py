@@ -170,10 +170,6 @@ class Summary:
                 f"(open-set rejects), {self.failed} failed",
                 f"by label: {by_label or 'none'}"]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"images": self.images, "labelled": dict(sorted(self.labels.items())),
-                "unknown": self.unknown, "failed": self.failed}
-
 
 class RowWriter:
     """Predict's output, one row at a time: JSON lines, CSV (header first) or one JSON array."""

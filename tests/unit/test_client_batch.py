@@ -178,7 +178,6 @@ def test_summary_counts_labels_unknown_and_failures():
         summary.add(outcome)
     assert summary.lines() == ["summary: 5 images, 3 with a label, 1 unknown (open-set rejects), 1 failed",
                                "by label: 10: 1, 3: 2"]
-    assert summary.to_json() == {"images": 5, "labelled": {"10": 1, "3": 2}, "unknown": 1, "failed": 1}
 
 
 def check_rows(rows: list[dict[str, Any]], root: Path) -> None:
