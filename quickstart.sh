@@ -13,6 +13,6 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 "$PY" -m serving start
 echo
 echo "Classifying samples/digit_7.png over HTTP with the inference token:"
-"$PY" -m serving predict samples/digit_7.png
+"$PY" -m client predict samples/digit_7.png
 echo
 echo "Stop the server with: .venv/bin/python -m serving stop"

@@ -38,7 +38,7 @@ else
 fi
 echo "training tiny artifacts on $DATA into $WORK/artifacts"
 started=$(date +%s)
-"$PYTHON" -m training --data "$DATA" --out "$WORK/artifacts" --epochs 2 --no-plots --threads "$(nproc)" \
+"$PYTHON" -m training --data-source "$DATA" --out "$WORK/artifacts" --epochs 2 --no-plots --threads "$(nproc)" \
     > "$WORK/training.log" 2>&1 || { tail -20 "$WORK/training.log"; exit 1; }
 echo "trained in $(( $(date +%s) - started )) s ($(tail -1 "$WORK/training.log"))"
 check "$WORK/artifacts"

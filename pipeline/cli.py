@@ -1,5 +1,5 @@
-"""`python -m pipeline compile|submit|run-local|runtime`: build, submit or run the Kubeflow pipeline, or write
-the KServe serving runtime naming a digest-pinned image."""
+"""python -m pipeline compile|submit|run-local|rollback|runtime: build, submit or run the Kubeflow pipeline, serve
+a recorded version again, or write the KServe serving runtime naming a digest-pinned image."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
+from urllib.parse import urlsplit
 
+from cli_common import EXIT_INTERRUPTED, EXIT_USAGE, Parser, fail, output_dir, output_file
+from cli_common import UsageError as PathError
 from serving.server import ServerError
 
 from . import backend, images, rollback
@@ -40,27 +43,33 @@ class UsageError(CliError):
     """One-line reason the command cannot start as given (exit code 2, like argparse's)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument on one line (no usage block)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+def _host(text: str) -> str:
+    """argparse type: the KFP API URL, http(s)://HOST[:PORT][/PATH] or HOST[:PORT][/PATH] (https then)."""
+    url = text if "://" in text else "https://" + text
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL with a host")
+    return text
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m pipeline", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = Parser(prog="python -m pipeline", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compile", help="write the pipeline package (YAML)")
-    c.add_argument("--out", type=Path, default=Path("pipeline.yaml"))
+    c.add_argument("--out", type=Path, default=Path("pipeline.yaml"), help="the package to write")
     _add_image_arguments(c)
     O.add_arguments(c)
     s = sub.add_parser("submit", help="compile and start a run on a Kubeflow Pipelines cluster")
     _add_image_arguments(s)
-    s.add_argument("--host", default=os.environ.get(HOST_ENV), help=f"KFP API URL (default: ${HOST_ENV})")
+    s.add_argument("--host", type=_host, default=os.environ.get(HOST_ENV), help=f"KFP API URL (default: ${HOST_ENV})")
     s.add_argument("--experiment", default=None, help=f"experiment name (default: ${EXPERIMENT_ENV}, else 'Default')")
     s.add_argument("--namespace", default=None, help="user namespace on multi-user clusters")
     s.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default: ${TOKEN_ENV})")
-    s.add_argument("--run-name", default=None)
+    s.add_argument("--run-name", default=None, help="name of the run (default: the pipeline's name and the time)")
     O.add_arguments(s)
     P.add_arguments(s)
     r = sub.add_parser("run-local", help="run every task here with kfp.local (subprocesses of this Python)")
@@ -394,8 +403,20 @@ def _ask_local(values: dict[str, Any], workdir: Path) -> dict:
             return exc.answer()
 
 
+def _check_paths(args: argparse.Namespace) -> None:
+    """The files and folders the command writes, before anything slow starts (PathError otherwise)."""
+    if args.command in ("compile", "runtime") and args.out is not None:
+        output_file(args.out, "--out")
+    if args.command == "run-local":
+        output_dir(args.workdir, "--workdir")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        _check_paths(args)
+    except PathError as exc:
+        return fail("pipeline", exc, EXIT_USAGE)
     if args.command == "rollback":
         return rollback.run(args)
     try:
@@ -418,12 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _run_local(args, values)
     except UsageError as exc:
-        print(f"pipeline: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("pipeline", exc, EXIT_USAGE)
     except (CliError, P.ParamError, ServerError) as exc:
-        print(f"pipeline: error: {exc}", file=sys.stderr)
-        return 1
+        return fail("pipeline", exc)
     except KeyboardInterrupt:
-        print("pipeline: interrupted", file=sys.stderr)
-        return 130
+        return fail("pipeline", "interrupted", EXIT_INTERRUPTED)
     return 0

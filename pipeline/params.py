@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 from handler.search import DEFAULT_K
 from settings import (DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_NAME_RULE, MODEL_VERSION,
                       PVC_MOUNT_DEFAULT)
+from serving.archive import MODEL_VERSION_PATTERN, MODEL_VERSION_RULE
 from training.data import SOURCE_FORMS, source_problem
 from training.index import INDEX_TYPES
 from training.quantize import QUANTIZATION
@@ -32,7 +33,6 @@ STORAGE_SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOIN
 STORAGE_SECRET_MOUNT = "/var/secrets/storage"
 SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 SECRET_NAME_RULE = "a Secret name: lowercase letters, digits, '-' and '.', starting and ending alphanumeric"
-_VERSION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
 class ParamError(ValueError):
@@ -68,6 +68,11 @@ class Param:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The command-line spellings: a one-letter name also has its short form (-k and --k)."""
+        return ("-" + self.name, self.flag) if len(self.name) == 1 else (self.flag,)
+
 
 _TRAIN = TrainConfig()
 PARAMS: tuple[Param, ...] = (
@@ -87,7 +92,7 @@ PARAMS: tuple[Param, ...] = (
     Param("model_name", str, MODEL_NAME, "TorchServe model name",
           check=_pattern(MODEL_NAME_PATTERN, MODEL_NAME_RULE)),
     Param("model_version", str, MODEL_VERSION, "model version written into the archive",
-          check=_pattern(_VERSION, "letters, digits, '.', '-', '_', starting and ending alphanumeric")),
+          check=_pattern(MODEL_VERSION_PATTERN, MODEL_VERSION_RULE)),
     Param("min_accuracy", float, 0.9, "deploy only at or above this held-out accuracy", check=_accuracy),
     Param("allow_unknown_current", bool, False,
           "deploy to KServe even when the live InferenceService's accuracy cannot be read (no API access, "
@@ -170,10 +175,10 @@ def add_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     for p in PARAMS:
         default = defaults.get(p.name, p.default)
         if p.type is bool:
-            group.add_argument(p.flag, dest=p.name, action="store_true", default=default, help=p.help)
+            group.add_argument(*p.flags, dest=p.name, action="store_true", default=default, help=p.help)
             continue
         shown = f" (default: {default!r})"
-        group.add_argument(p.flag, dest=p.name, type=p.type, choices=p.choices, default=default,
+        group.add_argument(*p.flags, dest=p.name, type=p.type, choices=p.choices, default=default,
                            help=p.help + shown, metavar=None if p.choices else p.type.__name__.upper())
 
 

@@ -1,15 +1,14 @@
-"""`python -m queue_bridge.bench`: requests/s and latency through the queue vs direct REST.
+"""python -m queue_bridge.bench: requests/s and latency through the queue vs direct REST.
 
-Both modes keep the same number of requests in flight (`--concurrency` caller threads) against the
+Both modes keep the same number of requests in flight (--concurrency caller threads) against the
 same running TorchServe, and both call it with the same client (EmbeddingClient over REST, keep-alive).
-The queue mode starts its own bridges (`--bridges`) on a private queue and deletes that queue
+The queue mode starts its own bridges (--bridges) on a private queue and deletes that queue
 afterwards; the broker must be running (scripts/rabbitmq.sh start). CPU per request is reported for
 the calling process and, through the queue, for the bridges (the broker's and TorchServe's are not).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from cli_common import Parser, UsageError, input_file, positive_int
 from settings import REPO
 
 from .backend import ModelBackend, Outcome, TokenSource, default_inference_url, default_model
@@ -110,21 +110,26 @@ def delete_topology(url: str, topology: Topology) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m queue_bridge.bench", description=__doc__)
-    p.add_argument("--url", help="AMQP URL (default: $EMBEDDING_AMQP_URL or the local broker)")
+    p = Parser(prog="python -m queue_bridge.bench", description=__doc__)
+    p.add_argument("--url", help="AMQP URL (default: $EMBEDDING_AMQP_URL, else the local broker)")
     p.add_argument("--inference-url", help="TorchServe inference address (default: config.properties)")
-    p.add_argument("--key-file", type=Path, help="TorchServe key_file.json")
-    p.add_argument("--images", type=Path, nargs="+", default=sorted((REPO / "samples").glob("digit_*.png")))
-    p.add_argument("--requests", type=int, default=400)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--bridges", type=int, default=1)
-    p.add_argument("--prefetch", type=int, default=16)
+    p.add_argument("--key-file", type=Path, help="TorchServe key_file.json (default: key_file.json of the repo)")
+    p.add_argument("--images", type=Path, nargs="+", metavar="IMAGE",
+                   help="images to send, in turn (default: samples/digit_*.png)")
+    p.add_argument("--requests", type=positive_int, default=400, help="requests per mode")
+    p.add_argument("--concurrency", type=positive_int, default=16, help="requests in flight")
+    p.add_argument("--bridges", type=positive_int, default=1, help="bridge processes in the queue mode")
+    p.add_argument("--prefetch", type=positive_int, default=16, help="requests in flight per bridge")
     args = p.parse_args(argv)
-    if not args.images:
-        p.error("no images: pass --images or write samples with `python -m serving samples`")
+    paths = args.images or sorted((REPO / "samples").glob("digit_*.png"))
+    if not paths:
+        p.error("no images: pass --images or write samples with python -m serving samples")
+    try:
+        images = [input_file(path, "--images").read_bytes() for path in paths]
+    except UsageError as exc:
+        p.error(str(exc))
     url = amqp_url(args.url)
     inference_url = args.inference_url or default_inference_url()
-    images = [path.read_bytes() for path in args.images]
     backend = ModelBackend(inference_url, default_model(), TokenSource(key_file=args.key_file))
     try:
         results = [measure("direct REST", lambda image: _answer(backend(image)), images, args.requests,

@@ -1,87 +1,87 @@
-"""`python -m serving start|stop|status|predict|samples`: run the model with the project's config."""
+"""python -m serving start|stop|samples: run the model on TorchServe with the project's config.
+
+Classify images and read the model's state with python -m client predict and python -m client status.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME, REPO
-from .server import Instance, ServerError, model_status, start, stop
+from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, input_dir, input_file, os_error,
+                        output_dir, positive_seconds)
+from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME, REPO, SettingsError, check_model_name
+
+from .server import Instance, ServerError, start, stop
+
+PROG = "python -m serving"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = Parser(prog=PROG, description=__doc__)
+    p.add_argument("--config", type=Path, default=CONFIG_FILE, help="TorchServe config.properties")
+    p.add_argument("--workdir", type=Path, default=REPO, help="where logs/ and key_file.json go")
+    p.add_argument("--model-name", default=MODEL_NAME, help="TorchServe model name")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{start,stop,samples}")
+    s = sub.add_parser("start", help="start TorchServe and wait until the model's workers are READY")
+    s.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE, help="folder holding <model-name>.mar")
+    s.add_argument("--timeout", type=positive_seconds, default=120.0, help="seconds to wait for READY workers")
+    sub.add_parser("stop", help="stop TorchServe and its workers")
+    sm = sub.add_parser("samples", help="write sample digit PNGs")
+    sm.add_argument("--out", type=Path, default=REPO / "samples", help="folder to write them to")
+    return p
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The paths the command uses, before anything starts: UsageError naming the flag otherwise."""
+    if args.command == "samples":
+        output_dir(args.out, "--out")
+        return
+    check_model_name(args.model_name)
+    input_file(args.config, "--config")
+    output_dir(args.workdir, "--workdir")
+    if args.command == "start":
+        input_dir(args.model_store, "--model-store")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m serving", description=__doc__)
-    p.add_argument("--config", type=Path, default=CONFIG_FILE, help="TorchServe config.properties")
-    p.add_argument("--workdir", type=Path, default=REPO, help="where logs/ and key_file.json go")
-    p.add_argument("--model-name", default=MODEL_NAME)
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("start", help="start TorchServe and wait until the model's workers are READY")
-    s.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE)
-    s.add_argument("--timeout", type=float, default=120.0)
-    sub.add_parser("stop", help="stop TorchServe and its workers")
-    sub.add_parser("status", help="describe the model's versions and workers")
-    pr = sub.add_parser("predict", help="classify image files over REST with the inference token")
-    pr.add_argument("images", nargs="+", type=Path)
-    sm = sub.add_parser("samples", help="write sample digit PNGs")
-    sm.add_argument("--out", type=Path, default=REPO / "samples")
-    args = p.parse_args(argv)
-    instance = Instance(args.workdir.resolve(), args.config.resolve(), args.model_name)
+    args = _parser().parse_args(argv)
     try:
-        return _run(args, instance)
+        _check(args)
+    except (UsageError, SettingsError) as exc:
+        return fail(PROG, exc, EXIT_USAGE)
+    try:
+        if args.command == "samples":
+            from .samples import write_samples
+
+            for path in write_samples(args.out):
+                print(path)
+            return 0
+        instance = Instance(args.workdir.resolve(), args.config.resolve(), args.model_name)
+        return _start(args, instance) if args.command == "start" else _stop(instance)
     except ServerError as exc:
-        print(f"serving: error: {exc}", file=sys.stderr)
-        return 1
+        return fail("serving", exc)
+    except OSError as exc:
+        return fail("serving", os_error(exc))
+    except KeyboardInterrupt:
+        return fail("serving", "interrupted", EXIT_INTERRUPTED)
 
 
-def _run(args: argparse.Namespace, instance: Instance) -> int:
-    if args.command == "start":
-        seconds = start(instance, args.model_store.resolve(), timeout=args.timeout)
-        url = instance.endpoints.inference
-        print(f"TorchServe READY in {seconds:.1f}s: {url}/predictions/{instance.model_name}")
-        print(f"tokens: {instance.key_file} (inference key under \"inference\")")
-        print("try:  curl -H \"Authorization: Bearer $(python3 -c 'import json;print(json.load(open("
-              f"\"{instance.key_file}\"))[\"inference\"][\"key\"])')\" "
-              f"-T samples/digit_7.png {url}/predictions/{instance.model_name}")
-        print("stop: .venv/bin/python -m serving stop")
-        return 0
-    if args.command == "stop":
-        print("TorchServe stopped" if stop(instance) else "TorchServe was not running")
-        return 0
-    if args.command == "status":
-        if instance.pid() is None:
-            print("TorchServe is not running")
-            return 3
-        print(json.dumps(model_status(instance), indent=2))
-        return 0
-    if args.command == "samples":
-        from .samples import write_samples
+def _start(args: argparse.Namespace, instance: Instance) -> int:
+    seconds = start(instance, args.model_store.resolve(), timeout=args.timeout)
+    url = instance.endpoints.inference
+    print(f"TorchServe READY in {seconds:.1f}s: {url}/predictions/{instance.model_name}")
+    print(f"tokens: {instance.key_file} (inference key under \"inference\")")
+    print(f"try:  .venv/bin/python -m client predict samples/digit_7.png --model-name {instance.model_name}")
+    print("stop: .venv/bin/python -m serving stop")
+    return 0
 
-        for path in write_samples(args.out):
-            print(path)
-        return 0
-    from client.api import EmbeddingClient
-    from client.errors import BadImageError, ClientError
 
-    failed = 0
-    try:
-        with EmbeddingClient(instance.endpoints.inference, model=instance.model_name,
-                             token=instance.keys().get("inference")) as client:
-            for image in args.images:
-                try:
-                    data = image.read_bytes()
-                except OSError as exc:
-                    raise ServerError(f"{image}: {exc.strerror}") from None
-                try:
-                    answer = client.predict(data)
-                except BadImageError as exc:  # this image was refused: say why and go on with the others
-                    answer = exc.answer()
-                failed += "error" in answer
-                print(json.dumps({"image": str(image), **answer}))
-    except ClientError as exc:
-        raise ServerError(str(exc)) from None
-    return 1 if failed else 0
+def _stop(instance: Instance) -> int:
+    print("TorchServe stopped" if stop(instance) else "TorchServe was not running")
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +27,9 @@ from settings import (DEFAULT_ARTIFACTS, DEFAULT_DATA_SOURCE, DEFAULT_MODEL_STOR
 
 HANDLER_PACKAGE = REPO / "handler"
 HANDLER_ENTRY = HANDLER_PACKAGE / "embedding_handler.py"
+#: A model version: a TorchServe archive version and a KServe storage directory name both accept it.
+MODEL_VERSION_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+MODEL_VERSION_RULE = "letters, digits, '.', '-', '_', starting and ending alphanumeric"
 
 
 class ArchiveError(Exception):
@@ -91,44 +94,71 @@ def _java_ok() -> bool:
     return shutil.which("java") is not None
 
 
+def check_model_version(version: str) -> str:
+    """`version` if it can name an archive's version (and a KServe storage directory); ArchiveError otherwise."""
+    if not MODEL_VERSION_PATTERN.match(version):
+        raise ArchiveError(f"invalid model version {version!r}: {MODEL_VERSION_RULE}")
+    return version
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="./archive.sh", description="Build model_store/<name>.mar for TorchServe.")
-    p.add_argument("--artifacts", type=Path, default=DEFAULT_ARTIFACTS,
-                   help="training output (default: artifacts/; trained on the bundled sample if missing)")
-    p.add_argument("--no-train", action="store_true", help="fail instead of training when artifacts are missing")
-    p.add_argument("--data", default=DEFAULT_DATA_SOURCE, help="data source used when training first")
-    p.add_argument("--epochs", default=None, help="epochs used when training first")
-    p.add_argument("--model-name", default=MODEL_NAME)
-    p.add_argument("--version", default=MODEL_VERSION)
-    p.add_argument("--export-path", type=Path, default=DEFAULT_MODEL_STORE)
-    p.add_argument("--model-config", type=Path, default=MODEL_CONFIG_FILE)
+    """./archive.sh. cli_common is imported here: pipeline tasks import this module, and their image holds only
+    the packages they use."""
+    from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, input_dir, input_file,
+                            os_error, output_dir, positive_int)
+
+    p = Parser(prog="./archive.sh", description="Build model_store/<name>.mar for TorchServe from training "
+                                                 "artifacts (trained first on --data-source when --artifacts is "
+                                                 "not given and artifacts/ holds none).")
+    p.add_argument("--artifacts", type=Path, default=None,
+                   help=f"training output; it must exist (default: {DEFAULT_ARTIFACTS}, trained first if missing)")
+    p.add_argument("--no-train", action="store_true", help="fail instead of training when artifacts/ is missing")
+    p.add_argument("--data-source", default=DEFAULT_DATA_SOURCE, metavar="SOURCE",
+                   help="data source used when training first")
+    p.add_argument("--epochs", type=positive_int, default=None,
+                   help="epochs used when training first (default: the training default)")
+    p.add_argument("--model-name", default=MODEL_NAME, help="TorchServe model name")
+    p.add_argument("--model-version", default=MODEL_VERSION, help="version written into the archive")
+    p.add_argument("--export-path", type=Path, default=DEFAULT_MODEL_STORE, help="model store folder to write to")
+    p.add_argument("--model-config", type=Path, default=MODEL_CONFIG_FILE, help="TorchServe model-config.yaml")
     args = p.parse_args(argv)
+    artifacts = args.artifacts or DEFAULT_ARTIFACTS
     target = args.export_path / f"{args.model_name}.mar"
+    try:
+        check_model_name(args.model_name)
+        check_model_version(args.model_version)
+        if args.artifacts is not None:
+            input_dir(args.artifacts, "--artifacts")
+        input_file(args.model_config, "--model-config")
+        output_dir(args.export_path, "--export-path")
+    except (SettingsError, ArchiveError, UsageError) as exc:
+        return fail("archive", exc, EXIT_USAGE)
     before = path_identity(target)
     try:
         if not _java_ok():
             raise ArchiveError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
-        if not (args.artifacts / METADATA_FILE).is_file():
-            if args.no_train:
-                raise ArchiveError(f"{args.artifacts}: no training artifacts (run python -m training --out {args.artifacts})")
-            print(f"archive: no artifacts in {args.artifacts}; training on {args.data} first", flush=True)
-            cmd = [sys.executable, "-m", "training", "--data", args.data, "--out", str(args.artifacts)]
+        if not (artifacts / METADATA_FILE).is_file():
+            if args.no_train or args.artifacts is not None:
+                raise ArchiveError(f"{artifacts}: no training artifacts (run python -m training --out {artifacts})")
+            print(f"archive: no artifacts in {artifacts}; training on {args.data_source} first", flush=True)
+            cmd = [sys.executable, "-m", "training", "--data-source", args.data_source, "--out", str(artifacts)]
             if args.epochs:
                 cmd += ["--epochs", str(args.epochs)]
             if subprocess.run(cmd, cwd=REPO).returncode != 0:
                 raise ArchiveError("training failed (see above)")
         started = time.perf_counter()
-        mar = build_mar(args.artifacts, args.export_path, args.model_name, args.version, args.model_config)
+        mar = build_mar(artifacts, args.export_path, args.model_name, args.model_version, args.model_config)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # published: too late to interrupt, finish and report
     except ArchiveError as exc:
-        print(f"archive: error: {exc}", file=sys.stderr)
-        return 1
+        return fail("archive", exc)
+    except OSError as exc:
+        return fail("archive", os_error(exc))
     except KeyboardInterrupt:
         if path_identity(target) != before:  # Ctrl-C came after the rename published the new archive
             print(f"archive: interrupted after the new archive was published to {target}", file=sys.stderr)
         else:
             print("archive: interrupted; model store left as it was", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     print(f"archive: wrote {mar} ({mar.stat().st_size / 1e6:.2f} MB, sha256 {sha256_file(mar)}) "
           f"in {time.perf_counter() - started:.1f}s")
     return 0

@@ -40,7 +40,7 @@ def torchserve_processes(workdir: Path) -> list[psutil.Process]:
 
 @pytest.mark.serving
 def test_archive_sh_packs_handler_artifacts_and_config(tiny_artifacts, tmp_path):
-    result = run_archive("--artifacts", str(tiny_artifacts), "--export-path", str(tmp_path), "--version", "2.0")
+    result = run_archive("--artifacts", str(tiny_artifacts), "--export-path", str(tmp_path), "--model-version", "2.0")
     assert result.returncode == 0, result.stderr
     mar = tmp_path / "embedding.mar"
     assert sha256_file(mar) in result.stdout and "MB" in result.stdout

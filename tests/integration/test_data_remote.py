@@ -167,7 +167,7 @@ def test_training_command_refusals_are_one_line_with_status_1(case, s3, tmp_path
         source = "s3://data/sets/mnist"
         line = ("training: error: no AWS credentials for s3://data: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                 "(from a Secret), AWS_SHARED_CREDENTIALS_FILE (a mounted Secret's file), or give the pod an IAM role")
-    status = main(["--data", source, "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
+    status = main(["--data-source", source, "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
     err = capsys.readouterr().err
     assert (status, err) == (1, line + "\n")
     assert not (tmp_path / "out").exists()
@@ -175,7 +175,7 @@ def test_training_command_refusals_are_one_line_with_status_1(case, s3, tmp_path
 
 def test_training_cli_without_google_credentials_is_one_line_with_status_1(tmp_path):
     """A separate process: google-auth reads NO_GCE_CHECK at import (here: not on GCE, no metadata server)."""
-    result = training_cli(["--data", "gs://data/mnist", "--out", str(tmp_path / "out"), "--cache-dir",
+    result = training_cli(["--data-source", "gs://data/mnist", "--out", str(tmp_path / "out"), "--cache-dir",
                            str(tmp_path / "cache")], {"NO_GCE_CHECK": "true", "CLOUDSDK_CONFIG": str(tmp_path)})
     assert result.returncode == 1, result.stderr
     assert result.stderr == ("training: error: no Google credentials for gs://data: set GOOGLE_APPLICATION_CREDENTIALS "
@@ -185,7 +185,7 @@ def test_training_cli_without_google_credentials_is_one_line_with_status_1(tmp_p
 
 def test_training_cli_trains_from_s3(s3, tmp_path):
     """The whole command on data it downloaded: the recorded dataset is the bucket's."""
-    result = training_cli(["--data", "s3://data/sets/mnist", "--out", str(tmp_path / "out"), "--cache-dir",
+    result = training_cli(["--data-source", "s3://data/sets/mnist", "--out", str(tmp_path / "out"), "--cache-dir",
                            str(tmp_path / "cache"), "--epochs", "1", "--negatives", "0", "--printed", "0",
                            "--no-plots", "--threads", "1"], client_env(s3[0]))
     assert result.returncode == 0, result.stderr[-2000:]

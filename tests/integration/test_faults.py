@@ -100,7 +100,7 @@ def interrupt_archive(tiny_artifacts: Path, model_store: Path, store: Path, sig:
     shutil.copytree(model_store, store)
     before = stored_files(store)
     proc = subprocess.Popen([str(REPO / "archive.sh"), "--no-train", "--artifacts", str(tiny_artifacts),
-                             "--export-path", str(store), "--version", "9.9"], env=ENV, stdout=subprocess.PIPE,
+                             "--export-path", str(store), "--model-version", "9.9"], env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     delay = interrupt_when(proc, lambda: bool(hidden(store)), sig, 0.1)  # the build itself takes ~0.15 s
     _, stderr = proc.communicate(timeout=60)
@@ -267,7 +267,7 @@ def test_interrupted_training_leaves_the_previous_artifacts_intact(tiny_artifact
     out = tmp_path / "work" / "artifacts"
     shutil.copytree(tiny_artifacts, out)
     before = stored_files(out)
-    proc = subprocess.Popen([sys.executable, "-m", "training", "--data", f"folder:{folder_dataset}", "--epochs", "3",
+    proc = subprocess.Popen([sys.executable, "-m", "training", "--data-source", f"folder:{folder_dataset}", "--epochs", "3",
                              "--embedding-dim", "8", "--no-plots", "--threads", "1", "--out", str(out)],
                             env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

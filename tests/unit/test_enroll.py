@@ -37,7 +37,7 @@ def enrolled(tmp_path_factory, tiny_artifacts):
     work = tmp_path_factory.mktemp("enroll")
     new = write_new_folder(work / "new")
     before = snapshot(tiny_artifacts)
-    assert enroll("--artifacts", str(tiny_artifacts), "--data", f"folder:{new}", "--out", str(work / "out")) == 0
+    assert enroll("--artifacts", str(tiny_artifacts), "--data-source", f"folder:{new}", "--out", str(work / "out")) == 0
     return before, work / "out", new
 
 
@@ -101,7 +101,7 @@ def test_ivf_gallery_is_rebuilt(tmp_path, tiny_artifacts):
     meta["sha256"]["index.faiss"] = sha256_file(art / "index.faiss")
     (art / METADATA_FILE).write_text(json.dumps(meta))
     new = write_new_folder(tmp_path / "new")
-    assert enroll("--artifacts", str(art), "--data", f"folder:{new}", "--out", str(tmp_path / "out"),
+    assert enroll("--artifacts", str(art), "--data-source", f"folder:{new}", "--out", str(tmp_path / "out"),
                   "--holdout", "0") == 0
     index = faiss.read_index(str(tmp_path / "out" / "index.faiss"))
     info = json.loads((tmp_path / "out" / METADATA_FILE).read_text())["index"]
@@ -183,7 +183,7 @@ def test_bad_input_one_line_and_nothing_written(tmp_path, tiny_artifacts, capsys
         out = art / "v2"
     before = snapshot(tmp_path)
     capsys.readouterr()
-    assert enroll("--artifacts", str(art), "--data", f"folder:{new}", "--out", str(out), *extra) == 1
+    assert enroll("--artifacts", str(art), "--data-source", f"folder:{new}", "--out", str(out), *extra) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("training enroll: error: ") and expected in err, err
     assert snapshot(tmp_path) == before  # no DIR2, no hidden staging directory, DIR and NEW as they were

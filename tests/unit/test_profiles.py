@@ -173,7 +173,7 @@ def full_frame_artifacts(tmp_path_factory):
         write_idx(data / f"{prefix}-images-idx3-ubyte.gz", images)
         write_idx(data / f"{prefix}-labels-idx1-ubyte.gz", labels.astype(np.uint8))
     out = root / "artifacts"
-    assert training_main(["--data", f"idx:{data}", "--out", str(out), "--epochs", "1", "--width", "8",
+    assert training_main(["--data-source", f"idx:{data}", "--out", str(out), "--epochs", "1", "--width", "8",
                           "--embedding-dim", "16", "--no-plots", "--threads", "1"]) == 0
     return out, data
 
@@ -210,11 +210,11 @@ def test_the_flag_overrides_auto_and_an_unknown_profile_is_a_one_line_cli_error(
                                                                                 capsys):
     _, data = full_frame_artifacts
     out = tmp_path / "digits"
-    assert training_main(["--data", f"idx:{data}", "--out", str(out), "--epochs", "1", "--width", "8",
+    assert training_main(["--data-source", f"idx:{data}", "--out", str(out), "--epochs", "1", "--width", "8",
                           "--embedding-dim", "16", "--no-plots", "--threads", "1", "--preprocessing", "digits"]) == 0
     assert json.loads((out / METADATA_FILE).read_text())["preprocessing"]["profile"] == "digits"
     with pytest.raises(SystemExit) as exit_info:
-        training_main(["--data", f"idx:{data}", "--out", str(tmp_path / "x"), "--preprocessing", "sketches"])
+        training_main(["--data-source", f"idx:{data}", "--out", str(tmp_path / "x"), "--preprocessing", "sketches"])
     assert exit_info.value.code == 2 and "invalid choice: 'sketches'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 

@@ -466,7 +466,7 @@ def test_cli_ctrl_c_says_truthfully_whether_the_new_build_was_published(tmp_path
 
     monkeypatch.setattr(build, "build_artifacts", build_then_interrupt)
     monkeypatch.setattr(signal, "signal", lambda *a: None)  # the CLI's own handler change stays out of pytest
-    assert cli.main(["--data", "sample", "--out", str(out), "--no-plots"]) == 130
+    assert cli.main(["--data-source", "sample", "--out", str(out), "--no-plots"]) == 130
     err = capsys.readouterr().err
     if when == "before":
         assert "previous artifacts left untouched" in err and (out / "model.pt").read_bytes() == b"old"
@@ -479,7 +479,7 @@ def test_cli_ctrl_c_says_truthfully_whether_the_new_build_was_published(tmp_path
 @pytest.mark.parametrize(("args", "option"), [
     (["--epochs", "0"], "--epochs"),
     (["--epochs", "abc"], "--epochs"),
-    (["--index", "bogus"], "--index"),
+    (["--index-type", "bogus"], "--index-type"),
 ])
 def test_cli_rejects_bad_arguments_with_usage_error(tmp_path, args, option):
     result = run_cli(*args, "--out", str(tmp_path / "out"))
@@ -493,7 +493,7 @@ def test_cli_rejects_bad_arguments_with_usage_error(tmp_path, args, option):
 
 
 def test_cli_missing_idx_directory_is_a_one_line_error_and_writes_nothing(tmp_path):
-    result = run_cli("--data", "idx:/nonexistent", "--out", str(tmp_path / "out"), "--no-plots")
+    result = run_cli("--data-source", "idx:/nonexistent", "--out", str(tmp_path / "out"), "--no-plots")
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
@@ -504,7 +504,7 @@ def test_cli_missing_idx_directory_is_a_one_line_error_and_writes_nothing(tmp_pa
 
 @pytest.mark.parametrize("threads_env", ["4,2", "0"])
 def test_cli_survives_unusual_omp_num_threads(tmp_path, threads_env):
-    result = run_cli("--data", "idx:/nonexistent", "--out", str(tmp_path / "out"), threads_env=threads_env)
+    result = run_cli("--data-source", "idx:/nonexistent", "--out", str(tmp_path / "out"), threads_env=threads_env)
     assert "Traceback" not in result.stderr
     assert result.returncode in (1, 2)
     assert "error:" in result.stderr.strip().splitlines()[-1]
@@ -536,7 +536,7 @@ def test_cli_trains_on_image_folder_end_to_end(tmp_path):
     out.mkdir(parents=True)
     (out / "stale.txt").write_text("from a previous build")
 
-    result = run_cli("--data", f"folder:{root}", "--epochs", "1", "--embedding-dim", "8", "--no-plots",
+    result = run_cli("--data-source", f"folder:{root}", "--epochs", "1", "--embedding-dim", "8", "--no-plots",
                      "--out", str(out))
 
     assert result.returncode == 0, result.stderr

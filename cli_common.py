@@ -1,0 +1,158 @@
+"""What every command-line entry point of the project shares: one-line usage errors, help that shows each
+option's default, and checks of input and output paths made before any slow work starts.
+
+Exit status of every command: 0 done, 1 failed (one line on stderr says why), 2 usage error (a bad flag or
+value, a missing or unusable path), 130 interrupted. python -m client adds its own codes (client/errors.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_CODES = "exit status: 0 done, 1 failed, 2 usage error, 130 interrupted"
+
+
+class UsageError(Exception):
+    """An argument the command cannot run with (exit status 2); the message is one line."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every option's help ends with its default unless it already names one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default is None or default is False or default == argparse.SUPPRESS
+                or default in ("", [], ()) or action.nargs == 0 or "default" in text.lower()):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})".lstrip()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's conventions: a usage error is one line on stderr with exit status 2 (no
+    usage block), and help shows defaults (HelpFormatter). Subcommand parsers are of this class too."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("epilog", EXIT_CODES)
+        kwargs.setdefault("allow_abbrev", False)  # one spelling per option: an old or shortened flag is refused
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
+
+
+def one_line(text: object) -> str:
+    """`text` with every run of whitespace (newlines too) as one space."""
+    return " ".join(str(text).split())
+
+
+def fail(prog: str, message: object, code: int = EXIT_FAILED) -> int:
+    """Print `prog: error: message` on one line on stderr; returns `code` for the caller to exit with."""
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr)
+    return code
+
+
+def os_error(exc: OSError) -> str:
+    """An OSError as `path: reason`, without the errno prefix."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_creatable(path: Path, flag: str) -> None:
+    """Whatever of `path` is missing can be created: its nearest existing ancestor is a writable folder."""
+    ancestor = _nearest_existing(path.parent)
+    if not ancestor.is_dir():
+        raise UsageError(f"{flag} {path}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {ancestor} is not writable")
+
+
+def input_file(path: Path, flag: str) -> Path:
+    """`path` if it is a readable file; UsageError naming `flag` otherwise."""
+    if not path.exists():
+        raise UsageError(f"{flag} {path}: no such file")
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder, not a file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{flag} {path}: not readable")
+    return path
+
+
+def input_dir(path: Path, flag: str) -> Path:
+    """`path` if it is a folder; UsageError naming `flag` otherwise."""
+    if not path.exists():
+        raise UsageError(f"{flag} {path}: no such folder")
+    if not path.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a folder")
+    return path
+
+
+def output_file(path: Path, flag: str) -> Path:
+    """`path` if a file can be written there (it is not a folder; its folder exists or can be created)."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {path}: not writable")
+    _check_creatable(path, flag)
+    return path
+
+
+def output_dir(path: Path, flag: str) -> Path:
+    """`path` if it is a folder or one can be created there."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a folder")
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {path}: not writable")
+        return path
+    _check_creatable(path, flag)
+    return path
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
