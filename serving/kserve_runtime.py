@@ -20,8 +20,13 @@ model metadata included. TorchServe's frontend already routes ``/v1/models/<m>:p
   event loop, with the same key, checks and backend (:mod:`serving.grpc_v2`); ServerLive/ServerReady are open
   like the REST probe paths. If the default port cannot be served (taken, or the generated stubs missing) it
   says so and serves REST alone; an explicit ``--grpc-port`` that cannot be served is an error;
-- forwards SIGTERM to TorchServe, and exits non-zero as soon as TorchServe exits on its own, so that
-  Kubernetes restarts the container instead of keeping a pod that answers nothing.
+- drains on SIGTERM (:func:`_shutdown`): readiness answers 503 at once and every answer from then on carries
+  ``Connection: close``; requests are still served for ``SHUTDOWN_DELAY_SECONDS`` (3 s), while Kubernetes
+  removes the pod from the Service's endpoints; then new requests get 503 and new gRPC calls UNAVAILABLE, the
+  ones in flight are answered, the listeners close, and TorchServe gets the rest of the pod's termination grace
+  period (``TERMINATION_GRACE_SECONDS``, Kubernetes' default 30 s) to stop. A second signal skips the delay;
+- exits non-zero as soon as TorchServe exits on its own, so that Kubernetes restarts the container instead of
+  keeping a pod that answers nothing.
 
 Only the standard library, aiohttp, prometheus_client (:mod:`serving.gateway_metrics`) and :mod:`settings`
 are imported, and grpcio with the generated Open Inference stubs once gRPC starts: the image has no kfp or
@@ -62,8 +67,21 @@ API_KEY_ENV = "INFERENCE_API_KEY"
 PROBE_PATHS = ("/v2/health/live", "/v2/health/ready")
 DEFAULT_PORT = KSERVE_GATEWAY_PORT
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-#: How long TorchServe gets to finish in-flight work after SIGTERM before it is killed.
-GRACE_S = 20.0
+#: Environment variable: seconds between SIGTERM and refusing new requests (readiness is 503 meanwhile): the
+#: time Kubernetes takes to remove a terminating pod from its Services' endpoints on every node (1-2 s on a
+#: small cluster; raise it where the ingress or a large cluster is slower).
+SHUTDOWN_DELAY_ENV = "SHUTDOWN_DELAY_SECONDS"
+SHUTDOWN_DELAY_S = 3.0
+#: Environment variable: the pod's terminationGracePeriodSeconds, which the whole shutdown must fit in.
+TERMINATION_GRACE_ENV = "TERMINATION_GRACE_SECONDS"
+TERMINATION_GRACE_S = 30.0  # Kubernetes' default
+#: What the grace period keeps for stopping TorchServe once the last request is answered (it takes 2-3 s).
+TORCHSERVE_STOP_S = 8.0
+#: Kept back from the grace period so the gateway exits before the kubelet's SIGKILL.
+EXIT_MARGIN_S = 1.0
+#: With nothing in flight, the listeners close once no request has come for this long (a client that was just
+#: answered with Connection: close reconnects at once, and gets a 503 instead of a reset backlog connection).
+QUIET_S = 0.5
 #: How long processes of TorchServe's group may outlive its launcher after shutdown before they are killed.
 LEFTOVER_S = 2.0
 #: Readiness answers are reused this long, so probes and clients don't each ask the management API.
@@ -133,6 +151,26 @@ def _tensors(declared: tuple[tuple[str, str, tuple[int, ...]], ...], batch: bool
             for name, datatype, shape in declared]
 
 
+class Drain:
+    """The gateway's shutdown state and its HTTP requests in flight (probes not counted)."""
+
+    def __init__(self) -> None:
+        #: SIGTERM came: not ready, and every answer closes its connection.
+        self.draining = False
+        #: New requests are answered 503.
+        self.refusing = False
+        self.in_flight = 0
+        self.last_arrival = 0.0
+
+    async def settled(self, deadline: float) -> bool:
+        """Wait until nothing is in flight and no request came for QUIET_S; False if `deadline` came first."""
+        while time.monotonic() < deadline:
+            if self.in_flight == 0 and time.monotonic() - self.last_arrival >= QUIET_S:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+
 class Gateway:
     """KServe v1 / Open Inference v2 REST in front of TorchServe (see the module docstring)."""
 
@@ -141,10 +179,12 @@ class Gateway:
         self.metrics = metrics
         self.api_key = api_key.encode() if api_key else None
         self.session: ClientSession | None = None
+        self.drain = Drain()
         self._ready: tuple[float, bool] = (0.0, False)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.upstream.max_request_size, middlewares=[self._auth])
+        app = web.Application(client_max_size=self.upstream.max_request_size,
+                              middlewares=[self._count_or_refuse, self._auth])
         get, post = web.get, web.post
         app.add_routes([
             get("/", self.v1_live),
@@ -179,6 +219,32 @@ class Gateway:
             await self.session.close()
 
     @web.middleware
+    async def _count_or_refuse(self, request: web.Request,
+                               handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Count the requests in flight; once the shutdown refuses requests, answer 503 to all but the probes.
+
+        From SIGTERM on, answers say Connection: close (set here, before aiohttp writes the headers): the client
+        reconnects, through the Service, to another replica instead of sending its next request on a connection
+        that is about to close.
+        """
+        if request.path in PROBE_PATHS:
+            response = await handler(request)
+        elif self.drain.refusing:
+            self.drain.last_arrival = time.monotonic()
+            response = _json(503, {"error": "this replica is shutting down; retry"})
+        else:
+            self.drain.last_arrival = time.monotonic()
+            self.drain.in_flight += 1
+            try:
+                response = await handler(request)
+            finally:
+                self.drain.in_flight -= 1
+                self.drain.last_arrival = time.monotonic()
+        if self.drain.draining:
+            response.force_close()
+        return response
+
+    @web.middleware
     async def _auth(self, request: web.Request,
                     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         if self.api_key is not None and request.path not in PROBE_PATHS:
@@ -206,6 +272,8 @@ class Gateway:
             return False
 
     async def _model_ready(self) -> bool:
+        if self.drain.draining:
+            return False
         checked, ready = self._ready
         if time.monotonic() - checked < READY_CACHE_S:
             return ready
@@ -411,13 +479,39 @@ async def _start_grpc(gateway: Gateway, host: str, port: int, required: bool) ->
         return None
 
 
-async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: int, grace_s: float,
+@dataclass(frozen=True)
+class ShutdownTimes:
+    """How the shutdown spends the pod's termination grace period (seconds)."""
+
+    delay: float = SHUTDOWN_DELAY_S
+    grace: float = TERMINATION_GRACE_S
+
+    def check(self) -> None:
+        """Raise ValueError (one line) unless the delay leaves TORCHSERVE_STOP_S of the grace period."""
+        if self.delay < 0:
+            raise ValueError(f"the shutdown delay must not be negative (got {self.delay:g} s)")
+        if self.grace - self.delay < TORCHSERVE_STOP_S + EXIT_MARGIN_S:
+            raise ValueError(f"a shutdown delay of {self.delay:g} s leaves too little of the {self.grace:g} s "
+                             f"termination grace period: keep at least {TORCHSERVE_STOP_S + EXIT_MARGIN_S:g} s "
+                             "for the requests in flight and TorchServe's stop")
+
+
+async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: int, times: ShutdownTimes,
                  grpc_port: int | None = None, grpc_required: bool = False) -> int:
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
+    signalled_at: list[float] = []
+
+    def on_signal() -> None:
+        if stop.is_set():
+            hurry.set()
+            return
+        signalled_at.append(time.monotonic())
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(gateway.app(), access_log=None)
+        loop.add_signal_handler(sig, on_signal)
+    runner = web.AppRunner(gateway.app(), access_log=None, shutdown_timeout=EXIT_MARGIN_S)
     await runner.setup()
     await web.TCPSite(runner, host, port, reuse_address=True).start()
     grpc_server = None
@@ -427,7 +521,7 @@ async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: in
         except GrpcStartError as exc:
             logger.error("%s", exc)
             await runner.cleanup()
-            await loop.run_in_executor(None, _stop_group, server, grace_s)
+            await loop.run_in_executor(None, _stop_group, server, TORCHSERVE_STOP_S)
             return 2
     logger.info("gateway on %s:%d%s -> TorchServe %s (model %s, auth %s)", host, port,
                 f" (Open Inference gRPC on {grpc_port})" if grpc_server is not None else "",
@@ -435,18 +529,56 @@ async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: in
     exited = loop.run_in_executor(None, server.wait)
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({exited, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if exited.done():
+    if exited.done() and not stop.is_set():
+        stopping.cancel()
         code = exited.result()
         logger.error("TorchServe exited (code %s) without being asked to: exiting so the pod is restarted", code)
-        status = code or 1
-    else:
-        logger.info("stopping: TorchServe gets %.0f s to finish", grace_s)
-        status = 0
+        if grpc_server is not None:
+            await grpc_server.stop(grace=EXIT_MARGIN_S)
+        await runner.cleanup()
+        await loop.run_in_executor(None, _stop_group, server, TORCHSERVE_STOP_S)
+        return code or 1
+    started = signalled_at[0]
+    await _shutdown(gateway, runner, grpc_server, times, started, exited, hurry)
+    remaining = started + times.grace - EXIT_MARGIN_S - time.monotonic()
+    logger.info("stopping TorchServe (%.0f s left of the grace period)", remaining)
+    await loop.run_in_executor(None, _stop_group, server, max(remaining, LEFTOVER_S))
+    logger.info("stopped %.1f s after the signal", time.monotonic() - started)
+    return 0
+
+
+async def _shutdown(gateway: Gateway, runner: web.AppRunner, grpc_server: Any, times: ShutdownTimes,
+                    started: float, exited: "asyncio.Future[int]", hurry: asyncio.Event) -> None:
+    """Drain the gateway within the grace period that began at `started` (see the module docstring).
+
+    Kubernetes sends SIGTERM while the endpoint controllers and every node's proxy are still removing the pod
+    from the Service, so requests keep coming for a moment: they are answered during the delay (a second
+    signal, or TorchServe exiting, ends it early). Then new requests are refused with 503 (the listener stays
+    open, so a client that connects now is answered instead of reset with the listen backlog), gRPC stops taking
+    calls, and both wait for the calls in flight; the listeners close once nothing is in flight and no request
+    came for QUIET_S, or when only TORCHSERVE_STOP_S of the grace period is left.
+    """
+    drain = gateway.drain
+    drain.draining = True
+    logger.info("SIGTERM: readiness is 503; serving %.0f s more while the pod leaves the Service's endpoints",
+                times.delay)
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait({hurried, exited}, timeout=times.delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hurried.cancel()
+    drain.refusing = True
+    deadline = started + times.grace - TORCHSERVE_STOP_S
+    logger.info("refusing new requests; %d HTTP requests in flight", drain.in_flight)
+    grpc_stop = None
     if grpc_server is not None:
-        await grpc_server.stop(grace=2.0)
+        grpc_stop = asyncio.ensure_future(grpc_server.stop(grace=max(deadline - time.monotonic(), 0.0)))
+    if not await drain.settled(deadline):
+        logger.warning("%d HTTP requests still in flight at the end of the drain: they are cancelled",
+                       drain.in_flight)
+    if grpc_stop is not None:
+        await grpc_stop
     await runner.cleanup()
-    await loop.run_in_executor(None, _stop_group, server, grace_s)
-    return status
 
 
 def _stop_group(server: subprocess.Popen, grace_s: float) -> None:
@@ -495,6 +627,11 @@ def _reap() -> None:
             return
 
 
+def _env_seconds(name: str, default: float) -> float | str:
+    """The environment's `name` (argparse converts and checks it like a command-line value), else `default`."""
+    return os.environ.get(name, "").strip() or default
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m serving.kserve_runtime", description=__doc__.split("\n")[0])
     parser.add_argument("--model-store", default="/mnt/models/model-store")
@@ -505,7 +642,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpc-port", type=int, default=None,
                         help=f"Open Inference gRPC port (default {KSERVE_GRPC_PORT}, not required to be free; "
                              "an explicit port must be served); 0 or less: no gRPC")
-    parser.add_argument("--grace-period", type=float, default=GRACE_S, help="seconds TorchServe gets after SIGTERM")
+    parser.add_argument("--shutdown-delay", type=float,
+                        default=_env_seconds(SHUTDOWN_DELAY_ENV, SHUTDOWN_DELAY_S),
+                        help=f"seconds requests are still served after SIGTERM, while the pod leaves the Service "
+                             f"(${SHUTDOWN_DELAY_ENV}, default {SHUTDOWN_DELAY_S:g})")
+    parser.add_argument("--termination-grace", type=float,
+                        default=_env_seconds(TERMINATION_GRACE_ENV, TERMINATION_GRACE_S),
+                        help=f"the pod's terminationGracePeriodSeconds: the whole shutdown ends within it "
+                             f"(${TERMINATION_GRACE_ENV}, default {TERMINATION_GRACE_S:g})")
     parser.add_argument("--allow-unauthenticated", action="store_true",
                         help=f"serve without {API_KEY_ENV} (only behind a mesh policy that authenticates callers)")
     return parser.parse_args(argv)
@@ -525,6 +669,12 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeConfigError, ValueError) as exc:
         print(f"kserve_runtime: {exc}", file=sys.stderr)
         return 2
+    times = ShutdownTimes(args.shutdown_delay, args.termination_grace)
+    try:
+        times.check()
+    except ValueError as exc:
+        print(f"kserve_runtime: {exc}", file=sys.stderr)
+        return 2
     if not Path(args.model_store).is_dir():
         print(f"kserve_runtime: model store {args.model_store} is not a directory", file=sys.stderr)
         return 2
@@ -535,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
                               env=torchserve_environment(os.environ))
     grpc_port = KSERVE_GRPC_PORT if args.grpc_port is None else args.grpc_port
     return asyncio.run(_serve(Gateway(upstream, api_key, metrics), server, args.http_host, args.http_port,
-                              args.grace_period, grpc_port if grpc_port > 0 else None, args.grpc_port is not None))
+                              times, grpc_port if grpc_port > 0 else None, args.grpc_port is not None))
 
 
 if __name__ == "__main__":
