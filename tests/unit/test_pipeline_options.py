@@ -66,9 +66,9 @@ def test_an_unwritable_output_is_one_line(command, tmp_path, capsys):
 
     for out in (tmp_path, tmp_path / "file.yaml" / "below.yaml"):
         (tmp_path / "file.yaml").write_text("x")
-        assert main([*command, "--out", str(out)]) == 1
-        (line,) = capsys.readouterr().err.splitlines()[-1:]
-        assert line.startswith(f"pipeline: error: cannot write {out}") and "Traceback" not in line
+        assert main([*command, "--out", str(out)]) == 2  # refused before the image or the package is looked at
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"pipeline: error: --out {out}: ") and "Traceback" not in line
 
 
 @pytest.mark.parametrize("source, claim, mounted", [("pvc://training/mnist", "training", ""),
