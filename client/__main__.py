@@ -166,20 +166,25 @@ def _output(out: Path | None) -> Iterator[TextIO]:
     if out is None:
         yield sys.stdout
         return
+    created = [folder for folder in [out.parent, *out.parent.parents] if not folder.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
     try:
         with os.fdopen(fd, "w", newline="") as fh:
             yield fh
         os.replace(name, out)
-    finally:
+    except BaseException:
         Path(name).unlink(missing_ok=True)
+        for folder in created:  # innermost first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from .api import EmbeddingClient, default_url
+    from .api import EmbeddingClient, check_address, default_url
 
-    url = args.url or default_url(args.protocol, args.config)
+    url = check_address(args.url or default_url(args.protocol, args.config), args.protocol)
     return EmbeddingClient(url, protocol=args.protocol, model=args.model_name,
                            version=getattr(args, "model_version", None), token=_token("inference", args, url),
                            timeout=args.timeout, retries=args.retries)

@@ -43,12 +43,12 @@ def check_address(url: str, protocol: str) -> str:
     target = url
     for prefix in ("grpc://", "http://", "https://"):
         target = target.removeprefix(prefix)
-    parts = urlsplit(f"//{target.rstrip('/')}")
     try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if not parts.hostname or not port or parts.path:
+        parts = urlsplit(f"//{target.rstrip('/')}")
+        port, host, path = parts.port, parts.hostname, parts.path
+    except ValueError:  # a bad port, or a malformed [IPv6] host
+        port, host, path = None, None, ""
+    if not host or not port or path:
         raise UsageError(f"--url {url!r}: a gRPC address is host:port (e.g. 127.0.0.1:7070)")
     return url
 

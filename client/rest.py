@@ -22,11 +22,11 @@ __all__ = ["Http", "KServeTransport", "RestTransport", "auth_error", "check_url"
 
 def check_url(url: str, what: str = "--url") -> str:
     """`url` if it is an http(s) URL with a host (and a numeric port, if any); UsageError naming `what` otherwise."""
-    parts = urlsplit(url)
     try:
+        parts = urlsplit(url)
         port_ok = parts.port is None or parts.port > 0
-    except ValueError:
-        port_ok = False
+    except ValueError:  # a bad port, or a malformed [IPv6] host
+        parts, port_ok = urlsplit(""), False
     if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
         raise UsageError(f"{what} {url!r}: not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8080)")
     return url

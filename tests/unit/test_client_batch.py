@@ -235,7 +235,7 @@ def test_batch_size_one_sends_each_image_alone(tree, tmp_path):
 
 
 def test_a_failure_that_is_not_one_images_stops_the_run_and_leaves_no_output(tree, tmp_path):
-    out = tmp_path / "rows.csv"
+    out = tmp_path / "new" / "folder" / "rows.csv"
     with handler_like_server(fail_with=500) as (url, _):
         result = run_cli("predict", str(tree), "--url", url, "--token", "t", "--format", "csv", "--out", str(out),
                          "--retries", "0", cwd=tmp_path)
@@ -272,6 +272,8 @@ def test_embed_writes_the_answered_images_and_lists_the_failed_ones(tree, tmp_pa
     (["predict", "img.png", "--token", "t", "--url", "notaurl"], "client: error: --url 'notaurl': not an http"),
     (["predict", "img.png", "--token", "t", "--grpc", "--url", "notaurl"], "a gRPC address is host:port"),
     (["predict", "img.png", "--token", "t", "--url", "http://h:x"], "client: error: --url 'http://h:x': not an"),
+    (["predict", "img.png", "--url", "http://[bad"], "client: error: --url 'http://[bad': not an http"),
+    (["predict", "img.png", "--grpc", "--url", "[bad:7070"], "client: error: --url '[bad:7070': a gRPC address"),
     (["predict", "img.png", "--token", "t", "--out", "."], "client: error: --out .: is a folder"),
     (["predict", "img.png", "--token", "t", "--out", "img.png/rows.csv"], "img.png is not a folder"),
     (["embed", "img.png", "--token", "t", "--out", "sub"], "client: error: --out sub: is a folder"),
