@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psutil
 
-from settings import (CONFIG_FILE, KEY_FILE, MODEL_NAME, REPO, WORKER_THREADS, Endpoints, read_properties, with_ports,
-                      write_properties)
+from settings import (CONFIG_FILE, KEY_FILE, LOG_CONFIG_FILE, MODEL_NAME, REPO, WORKER_THREADS, Endpoints,
+                      read_properties, with_ports, write_properties)
 from torchserve_api.errors import ClientError
 from torchserve_api.management import ManagementClient
 from torchserve_api.tokens import from_key_file
@@ -106,7 +106,7 @@ def _port_in_use(port: int) -> bool:
 
 def _log_tail(instance: Instance, lines: int = 400) -> str:
     texts = []
-    for path in (instance.log_file, _ts_log(instance)):
+    for path in (instance.log_file, _ts_log(instance), _model_log(instance)):
         try:
             texts.append(path.read_text(errors="replace"))
         except OSError:
@@ -116,11 +116,12 @@ def _log_tail(instance: Instance, lines: int = 400) -> str:
 
 def _diagnose(instance: Instance) -> str:
     tail = _log_tail(instance)
-    if "Address already in use" in tail:
+    if "Address already in use" in tail or "BindException" in tail:
         return "a port in the config is already in use (see logs/ts_log.log)"
     for marker in ("refusing to load model", "ArtifactError", "ModuleNotFoundError", "Load model failed"):
         for line in tail.splitlines():
-            if marker in line:
+            # faiss's loader logs a harmless ModuleNotFoundError while it probes for AVX512/AVX2 builds.
+            if marker in line and "Could not load library with" not in line:
                 return line.strip()[-300:]
     return f"see {instance.log_file} and {instance.workdir / 'logs'}"
 
@@ -230,7 +231,7 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
                MKL_NUM_THREADS=str(threads), PYTHONPATH="",
                JAVA_TOOL_OPTIONS=f"-Djava.io.tmpdir={instance.tmpdir}")
     cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs",
-           "--ts-config", str(instance.config), "--model-store", str(model_store)]
+           "--ts-config", str(instance.config), "--log-config", str(LOG_CONFIG_FILE), "--model-store", str(model_store)]
     if models:
         cmd += ["--models", models]
     offsets = log_offsets(instance)
