@@ -56,7 +56,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from serving.gateway_metrics import GatewayMetrics
 from serving.torchserve_env import torchserve_environment
 from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_INPUTS, V2_OUTPUTS
-from settings import KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, read_properties
+from settings import KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, LOG_CONFIG_FILE, read_properties
 from serving.open_inference import HEADER_LENGTH, ProtocolError, binary_outputs, json_object, read_v2, write_v2
 
 logger = logging.getLogger("kserve_runtime")
@@ -681,7 +681,8 @@ def main(argv: list[str] | None = None) -> int:
     beside = Path(sys.executable).with_name("torchserve")  # the launcher of this Python's environment
     launcher = str(beside) if beside.is_file() else "torchserve"
     server = subprocess.Popen([launcher, "--foreground", "--ncs", "--model-store", args.model_store,
-                               "--ts-config", args.ts_config], start_new_session=True,
+                               "--ts-config", args.ts_config, "--log-config", str(LOG_CONFIG_FILE)],
+                              start_new_session=True,
                               env=torchserve_environment(os.environ))
     grpc_port = KSERVE_GRPC_PORT if args.grpc_port is None else args.grpc_port
     return asyncio.run(_serve(Gateway(upstream, api_key, metrics), server, args.http_host, args.http_port,
