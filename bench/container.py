@@ -2,7 +2,7 @@
 
 For each gallery (5k = ``artifacts/`` from ``./archive.sh``; 60k = the bench's cached Fashion-MNIST
 set, see :mod:`bench.data`) the .mar is staged as KServe's storage initializer leaves /mnt/models
-(``pipeline.kserve.stage_layout``), then three servers run one after the other on that directory:
+(``pipeline.kserve_deploy.stage_layout``), then three servers run one after the other on that directory:
 
 - ``container``: the serving image from ``scripts/build-images.sh``, run as deploy/kserve/servingruntime.yaml
   describes it (command, args, env, uid), /mnt/models mounted read-only, port 8080 published on loopback;
@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from client import ClientError, ManagementClient
-from pipeline.kserve import API_KEY_ENV, INFERENCE_PORT, METRICS_PORT, TORCHSERVE_METRICS_PORT, stage_layout
+from pipeline.kserve_deploy import API_KEY_ENV, INFERENCE_PORT, METRICS_PORT, TORCHSERVE_METRICS_PORT, stage_layout
 from pipeline.manifests import engine_limit_args
 from serving.archive import build_mar
 from settings import DEFAULT_ARTIFACTS, MODEL_NAME, MODEL_VERSION, REPO

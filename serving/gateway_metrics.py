@@ -8,7 +8,7 @@ gateway sees every inference request from arrival to answer, so it observes
 ``embedding_request_duration_seconds`` (seconds, as Prometheus names base units) with buckets around the
 25 ms p99 target, labelled with the model name, the model version that answered and the status code.
 
-The cluster's config.properties (pipeline.kserve.runtime_properties) puts TorchServe's metrics on loopback
+The cluster's config.properties (pipeline.kserve_deploy.runtime_properties) puts TorchServe's metrics on loopback
 and names ``gateway_metrics_address``; the gateway then answers ``/metrics`` there with its histogram followed
 by TorchServe's page, so scrape configs, the ServingRuntime's ``prometheus.kserve.io/port`` and the
 NetworkPolicy keep one metrics port. A config without that key (written before it existed) serves as before.

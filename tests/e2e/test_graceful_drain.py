@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import pytest
 from support.containers import Container, build_images, engine_or_reason, start_predictor, wait_for_probe
 
-from pipeline.kserve import inference_service, stage_layout
+from pipeline.kserve_deploy import inference_service, stage_layout
 from serving.kserve_runtime import SHUTDOWN_DELAY_S, TERMINATION_GRACE_S
 from serving.samples import held_out_digits, user_digit_png
 from settings import MODEL_NAME, MODEL_VERSION

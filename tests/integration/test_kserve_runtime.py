@@ -24,7 +24,7 @@ import pytest
 from serving.samples import user_digit_png
 from support.containers import http_get
 
-from pipeline.kserve import stage_layout
+from pipeline.kserve_deploy import stage_layout
 from settings import REPO, read_properties, with_ports, write_properties
 from serving.kserve_runtime import API_KEY_ENV, RuntimeConfigError, Upstream
 from serving.server import free_ports
