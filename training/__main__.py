@@ -122,14 +122,14 @@ def eval_main(argv: list[str]) -> int:
     from .data import DataError
     from .evaluate import evaluate_open_set
 
-    prog = "python -m training eval"
+    prog = "training eval"
     args = parse_eval_args(argv)
     try:
         input_dir(args.artifacts, "--artifacts")
         if args.out is not None:
             output_file(args.out, "--out")
     except UsageError as exc:
-        return fail(prog, exc, EXIT_USAGE)
+        return fail(f"python -m {prog}", exc, EXIT_USAGE)
     torch.set_num_threads(args.threads)
     try:
         result = evaluate_open_set(args.artifacts, args.ood, args.data_source, args.fashion_dir, args.n_synthetic)
@@ -173,13 +173,13 @@ def enroll_main(argv: list[str]) -> int:
     from .data import DataError
     from .enroll import EnrollError, enroll_artifacts
 
-    prog = "python -m training enroll"
+    prog = "training enroll"
     args = parse_enroll_args(argv)
     try:
         input_dir(args.artifacts, "--artifacts")
         output_dir(args.out, "--out")
     except UsageError as exc:
-        return fail(prog, exc, EXIT_USAGE)
+        return fail(f"python -m {prog}", exc, EXIT_USAGE)
     torch.set_num_threads(args.threads)
     try:
         enroll_artifacts(args.artifacts, args.data_source, args.out, args.new_only, args.holdout,

@@ -227,7 +227,8 @@ def test_eval_cli_writes_well_formed_json(tiny_artifacts, tmp_path, capsys):
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["--ood", "cifar"], 2, "argument --ood"),
     (["--n-synthetic", "0"], 2, "argument --n-synthetic"),
-    (["--artifacts", "/nonexistent/artifacts"], 1, "no such artifact directory"),
+    (["--artifacts", "/nonexistent/artifacts"], 2, "--artifacts /nonexistent/artifacts: no such folder"),
+    (["--out", "/tmp"], 2, "--out /tmp: is a folder, not a file"),
     (["--ood", "fashion", "--fashion-dir", "/nonexistent/fashion"], 1, "Fashion-MNIST test images not found"),
 ])
 def test_eval_cli_bad_input_is_one_line_and_non_zero(tiny_artifacts, args, code, message, capsys):
@@ -241,8 +242,7 @@ def test_eval_cli_bad_input_is_one_line_and_non_zero(tiny_artifacts, args, code,
     assert captured.out == ""
     last = captured.err.strip().splitlines()[-1]
     assert "error" in last and message in last
-    if code == 1:
-        assert len(captured.err.strip().splitlines()) == 1
+    assert len(captured.err.strip().splitlines()) == 1
 
 
 def test_eval_cli_refuses_tampered_artifacts_in_one_line(tiny_artifacts, tmp_path, capsys):
