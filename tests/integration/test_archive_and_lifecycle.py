@@ -54,16 +54,17 @@ def test_archive_sh_packs_handler_artifacts_and_config(tiny_artifacts, tmp_path)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--no-train", "--artifacts", "/nonexistent/artifacts"], "no training artifacts"),
-    (["--model-name", "bad name!"], "invalid model name"),
+@pytest.mark.parametrize("args,code,message", [
+    (["--artifacts", "/nonexistent/artifacts"], 2, "--artifacts /nonexistent/artifacts: no such folder"),
+    (["--model-name", "bad name!"], 2, "invalid model name"),
+    (["--artifacts", "."], 1, "no training artifacts"),  # an existing folder without a build: never trained into
 ])
 @pytest.mark.serving
-def test_archive_sh_fails_with_one_line(tmp_path, args, message, tiny_artifacts):
+def test_archive_sh_fails_with_one_line(tmp_path, args, code, message, tiny_artifacts):
     if "--artifacts" not in args:
         args = [*args, "--artifacts", str(tiny_artifacts)]
     result = run_archive(*args, "--export-path", str(tmp_path))
-    assert result.returncode == 1
+    assert result.returncode == code
     lines = [line for line in result.stderr.splitlines() if line.startswith("archive:")]
     assert len(lines) == 1 and message in lines[0]
     assert list(tmp_path.iterdir()) == []
