@@ -1,8 +1,8 @@
 """Few-shot enrollment benchmark: `python -m bench fewshot [--out bench/results] [--seeds 0,1,2] [--work DIR]
-[--data SOURCE]`.
+[--data-source SOURCE]`.
 
 Trains the default model (default config, 4,000 synthetic negatives as for the ten digits) on the digits 0-7
-only of --data (the bundled MNIST sample by default; any `python -m training --data` source of the ten digits,
+only of --data-source (the bundled MNIST sample by default; any `python -m training --data-source` source of the ten digits,
 such as `download:mnist` or `idx:DIR` for the full MNIST), then enrolls 8 and 9 from --shots training images each
 with `python -m training enroll` (training.enroll.enroll_artifacts), and reports, on that data's held-out split:
 accuracy on 8 and 9 after enrollment, accuracy on 0-7 before and after, and the share of held-out 8s and 9s
@@ -133,32 +133,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draws", type=int, default=5, help="independent draws of --shots images per new class")
     p.add_argument("--negatives", type=int, default=None, help="synthetic negatives (default 4,000, as for digits)")
     p.add_argument("--train-only", action="store_true", help="only train (or keep) the base models")
-    p.add_argument("--data", default=DEFAULT_DATA_SOURCE,
+    p.add_argument("--data-source", default=DEFAULT_DATA_SOURCE,
                    help=f"ten-digit training data, as for python -m training (default {DEFAULT_DATA_SOURCE})")
     args = p.parse_args(argv)
     from training.data import DataError
 
     try:
-        digits(args.data)
+        digits(args.data_source)
     except DataError as exc:
         print(f"bench.fewshot: error: {exc}", file=sys.stderr)
         return 1
     load_start = machine()
     runs = []
     for seed in args.seeds:
-        work = work_dir(args.work, seed, args.epochs, args.negatives, args.data)
+        work = work_dir(args.work, seed, args.epochs, args.negatives, args.data_source)
         base = work / "base"
-        if not cached_base_matches(base, args.data):
+        if not cached_base_matches(base, args.data_source):
             started = time.perf_counter()
             train_base(base, seed, args.epochs, log=lambda line: print(line, flush=True), negatives=args.negatives,
-                       source=args.data)
+                       source=args.data_source)
             print(f"base model trained in {time.perf_counter() - started:.0f}s", flush=True)
         if not args.train_only:
-            runs.append(run(base, work, seed, args.shots, machine(), args.draws, args.data))
+            runs.append(run(base, work, seed, args.shots, machine(), args.draws, args.data_source))
     if args.train_only:
         return 0
     result = {"command": "python -m bench fewshot " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "data": args.data, "seeds": runs, "spread": spread(runs), "machine": {"start": load_start, "end": machine()}}
+              "data": args.data_source, "seeds": runs, "spread": spread(runs), "machine": {"start": load_start, "end": machine()}}
     text = markdown(result)
     args.out.mkdir(parents=True, exist_ok=True)
     output.write(args.out, "fewshot", result, text)

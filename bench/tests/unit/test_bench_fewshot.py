@@ -1,4 +1,4 @@
-"""`python -m bench.fewshot` end to end on a tiny generated IDX dataset (`--data`), and its refusals. The figures
+"""`python -m bench.fewshot` end to end on a tiny generated IDX dataset (`--data-source`), and its refusals. The figures
 of a 1-epoch model on bars are meaningless; what is checked is that the benchmark trains on 0-7 only, enrolls the
 drawn images of 8 and 9, and measures on the data's own held-out split."""
 
@@ -16,7 +16,7 @@ from support.idx_fixtures import make_idx_dir
 def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("fewshot")
     arrays = make_idx_dir(root / "idx", n_train=400, n_test=100)
-    argv = ["--data", f"idx:{root / 'idx'}", "--epochs", "1", "--shots", "3", "--draws", "1", "--negatives", "0",
+    argv = ["--data-source", f"idx:{root / 'idx'}", "--epochs", "1", "--shots", "3", "--draws", "1", "--negatives", "0",
             "--seeds", "0", "--work", str(root / "work"), "--out", str(root / "out")]
     assert fewshot.main(argv) == 0
     return root, argv, arrays
@@ -57,7 +57,7 @@ def test_data_without_the_ten_digits_is_refused_in_one_line(tmp_path, capsys):
         (tmp_path / "pets" / label).mkdir(parents=True)
         for i in range(6):
             Image.fromarray(np.full((28, 28), 40 * i, np.uint8)).save(tmp_path / "pets" / label / f"{i}.png")
-    assert fewshot.main(["--data", f"folder:{tmp_path / 'pets'}", "--work", str(tmp_path / "w"),
+    assert fewshot.main(["--data-source", f"folder:{tmp_path / 'pets'}", "--work", str(tmp_path / "w"),
                          "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "few-shot needs the ten digit classes 0-9, found cat, dog" in err[0]
