@@ -24,7 +24,7 @@ from training.quantize import QUANTIZATION
 from training.steps import PROFILE_CHOICES
 from training.train import PRECISION, PRECISION_HELP, TrainConfig
 
-from .kserve import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
+from .kserve_deploy import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
 
 DEPLOY_TARGETS = ("local", "kserve", "none")
 #: Keys of the storage Secret the KServe deploy task gets as environment (all optional): the AWS SDK's variables.

@@ -6,6 +6,6 @@ answer to `reply_to`, acking the request only once the broker has confirmed the 
 """
 
 from .client import QueueClient, ReplyFuture
-from .settings import DEFAULT_QUEUE, DEFAULT_URL, Topology
+from .broker import DEFAULT_QUEUE, DEFAULT_URL, Topology
 
 __all__ = ["DEFAULT_QUEUE", "DEFAULT_URL", "QueueClient", "ReplyFuture", "Topology"]

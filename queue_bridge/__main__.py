@@ -24,7 +24,7 @@ from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, 
                         positive_seconds)
 from settings import MODEL_NAME, SettingsError, check_model_name
 
-from .settings import DEFAULT_QUEUE, DEFAULT_URL, Topology, amqp_url, connect, queue_name
+from .broker import DEFAULT_QUEUE, DEFAULT_URL, Topology, amqp_url, connect, queue_name
 
 PROG = "python -m queue_bridge"
 BODIES = ("raw", "json")

@@ -16,7 +16,7 @@ from typing import Any
 
 from client import AuthError, BadImageError, ClientError, EmbeddingClient
 from client.api import default_url
-from client.tokens import Token, from_key_file
+from torchserve_api.tokens import Token, from_key_file
 from settings import KEY_FILE, MODEL_NAME, REPO
 
 from .protocol import error_answer

@@ -29,7 +29,7 @@ from settings import REPO
 
 from .backend import ModelBackend, Outcome, TokenSource, default_inference_url, default_model
 from .client import QueueClient
-from .settings import Topology, amqp_url, connect
+from .broker import Topology, amqp_url, connect
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from handler.requests import RequestError
 
 from .backend import Outcome
 from .protocol import encode_answer, error_answer, image_from_message
-from .settings import DEFAULT_QUEUE, DEFAULT_URL, Topology, connect
+from .broker import DEFAULT_QUEUE, DEFAULT_URL, Topology, connect
 
 log = logging.getLogger(__name__)
 

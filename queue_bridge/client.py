@@ -30,7 +30,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from pika.spec import Basic, BasicProperties
 
 from .protocol import decode_answer
-from .settings import Topology, amqp_url, connect, queue_name
+from .broker import Topology, amqp_url, connect, queue_name
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from handler.requests import RequestError, decode_request
 
-from .settings import MAX_BODY_BYTES
+from .broker import MAX_BODY_BYTES
 
 RAW_TYPES = ("application/octet-stream", "image/")
 JSON_TYPE = "application/json"

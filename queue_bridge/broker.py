@@ -1,4 +1,5 @@
-"""Connection settings and the queue topology shared by the bridge, the client and the CLI."""
+"""The broker: connection settings, the connection itself and the queue topology shared by the bridge, the client
+and the CLI."""
 
 from __future__ import annotations
 
