@@ -27,12 +27,12 @@ def write_images(root: Path, count: int) -> int:
     from training.steps import prepare_data
 
     data = prepare_data("mnist-sample")
-    if count > len(data.test_x):
-        raise SystemExit(f"--images {count}: the sample has {len(data.test_x)} test images")
+    if count > len(data.test_images):
+        raise SystemExit(f"--images {count}: the sample has {len(data.test_images)} test images")
     for i in range(count):
-        folder = root / str(int(data.test_y[i]))
+        folder = root / str(int(data.test_labels[i]))
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{i:05d}.png").write_bytes(user_digit_png(data.test_x[i]))
+        (folder / f"{i:05d}.png").write_bytes(user_digit_png(data.test_images[i]))
     return count
 
 

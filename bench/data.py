@@ -122,7 +122,8 @@ def _fashion_artifacts(cache_dir: Path, log: Log) -> tuple[dict[str, Path], dict
     """Flat, HNSW and IVF artifact directories for the 60k Fashion-MNIST gallery, built once and cached."""
     from training.build import staged_directory
     from training.index import INDEX_TYPES
-    from training.steps import PreparedData, build_gallery, evaluate_and_finalize, prepare_data, train_and_export
+    from training.data import Dataset
+    from training.steps import build_gallery, evaluate_and_finalize, prepare_data, train_and_export
     from training.train import TrainConfig
 
     base = cache_dir / f"fashion-mnist-60k-e{FASHION_EPOCHS}-n{FASHION_TRAIN_SUBSET}-s{FASHION_SEED}"
@@ -141,9 +142,9 @@ def _fashion_artifacts(cache_dir: Path, log: Log) -> tuple[dict[str, Path], dict
 
     if "flat" in missing:
         rng = np.random.default_rng(FASHION_SEED)
-        pick = np.sort(rng.choice(len(data.train_x), FASHION_TRAIN_SUBSET, replace=False))
-        subset = PreparedData(data.name, data.train_x[pick], data.train_y[pick], data.test_x[:2000],
-                              data.test_y[:2000], data.classes)
+        pick = np.sort(rng.choice(len(data.train_images), FASHION_TRAIN_SUBSET, replace=False))
+        subset = Dataset(data.name, data.train_images[pick], data.train_labels[pick], data.test_images[:2000],
+                         data.test_labels[:2000], data.classes, profile=data.profile)
         with staged_directory(variants["flat"]) as staging:
             train_and_export(subset, TrainConfig(epochs=FASHION_EPOCHS, seed=FASHION_SEED), staging, log=quiet)
             build_gallery(data, staging, "flat", FASHION_SEED, log=quiet)

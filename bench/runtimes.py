@@ -285,10 +285,10 @@ def accuracy_section(variants: dict[str, Variant], models: dict, artifacts: Path
     served: EmbeddingService = models["served"]
     searcher, metadata = served.searcher, served.metadata
     labels = json.loads((artifacts / LABELS_FILE).read_text())
-    if [data.classes[y] for y in data.train_y] != labels:
+    if [data.classes[y] for y in data.train_labels] != labels:
         raise ValueError(f"{artifacts}: labels.json is not the training split of {metadata['dataset']['name']}")
     digits = data.inputs("test")
-    digit_labels = [data.classes[y] for y in data.test_y]
+    digit_labels = [data.classes[y] for y in data.test_labels]
     fashion = served.profile.normalize(served.profile.canvases_from_arrays(load_ood_set("fashion", fashion_dir)))
     torch.set_num_threads(1)
     ref = {"digits": served.embed(digits), "fashion": served.embed(fashion)}
@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{args.artifacts} has no {ONNX_FILE}: train with onnx and onnxruntime installed")
     data = prepare_data(metadata["dataset"]["name"], profile=profile_of(metadata).name)
     rng = np.random.default_rng(0)
-    calibration = data.inputs("train")[np.sort(rng.choice(len(data.train_x), CALIBRATION_IMAGES, replace=False))]
+    calibration = data.inputs("train")[np.sort(rng.choice(len(data.train_images), CALIBRATION_IMAGES, replace=False))]
     variants, models, quant_info = build_variants(args.artifacts, calibration, log)
     log("answers and accuracy:")
     accuracy = accuracy_section(variants, models, args.artifacts, data, args.fashion_dir, log)

@@ -43,14 +43,15 @@ def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, 
     model.pt (float32, or int8 with quantize=int8) and train.json."""
     from pathlib import Path
 
-    from training.steps import PreparedData, train_and_export
+    from training.data import Dataset as TrainingData
+    from training.steps import train_and_export
     from training.train import TrainConfig
 
     out = Path(model.path)
     out.mkdir(parents=True, exist_ok=True)
     config = TrainConfig(epochs=epochs, embedding_dim=embedding_dim, width=width, seed=seed, quantize=quantize,
                          precision=precision)
-    info = train_and_export(PreparedData.load(Path(dataset.path)), config, out, k)
+    info = train_and_export(TrainingData.load(Path(dataset.path)), config, out, k)
     # The last epoch's k-NN accuracy is the float network's; the evaluate task measures the exported (int8) one.
     accuracy_key = "knn_accuracy" if quantize == "none" else "float_knn_accuracy"
     model.metadata.update({"framework": "torchscript", "quantize": quantize, "precision": precision,
@@ -64,10 +65,11 @@ def build_index(dataset: Input[Dataset], model: Input[Model], index_type: str, s
     import shutil
     from pathlib import Path
 
-    from training.steps import PreparedData, build_gallery
+    from training.data import Dataset as TrainingData
+    from training.steps import build_gallery
 
     shutil.copytree(model.path, artifacts.path, dirs_exist_ok=True)
-    info = build_gallery(PreparedData.load(Path(dataset.path)), Path(artifacts.path), index_type, seed)
+    info = build_gallery(TrainingData.load(Path(dataset.path)), Path(artifacts.path), index_type, seed)
     artifacts.metadata.update({"index_type": index_type, "gallery_size": info["size"], "dim": info["dim"]})
 
 
@@ -84,11 +86,12 @@ def evaluate(dataset: Input[Dataset], artifacts: Input[Model], k: int, evaluated
     from pathlib import Path
 
     from pipeline.report import render_report
-    from training.steps import METRICS_FILE, TRAIN_FILE, PreparedData, evaluate_and_finalize
+    from training.data import Dataset as TrainingData
+    from training.steps import METRICS_FILE, TRAIN_FILE, evaluate_and_finalize
 
     out = Path(evaluated.path)
     shutil.copytree(artifacts.path, out, dirs_exist_ok=True)
-    data = PreparedData.load(Path(dataset.path))
+    data = TrainingData.load(Path(dataset.path))
     metadata = evaluate_and_finalize(data, out, k)
     result = json.loads((out / METRICS_FILE).read_text())
     history = json.loads((out / TRAIN_FILE).read_text())["history"]

@@ -19,10 +19,7 @@ from settings import (DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL
                       PVC_MOUNT_DEFAULT)
 from serving.archive import MODEL_VERSION_PATTERN, MODEL_VERSION_RULE
 from training.data import SOURCE_FORMS, source_problem
-from training.index import INDEX_TYPES
-from training.quantize import QUANTIZATION
-from training.steps import PROFILE_CHOICES
-from training.train import PRECISION, PRECISION_HELP, TrainConfig
+from training.config import INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES, QUANTIZATION, TrainConfig
 
 from .kserve_deploy import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
 

@@ -20,10 +20,7 @@ from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threa
 
 from .data import SOURCE_FORMS, source_problem
 from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
-from .index import INDEX_TYPES
-from .quantize import QUANTIZATION
-from .steps import PROFILE_CHOICES
-from .train import PRECISION, PRECISION_HELP, TrainConfig
+from .config import INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES, QUANTIZATION, TrainConfig
 
 DEFAULT_OUT = Path("artifacts")
 THREADS_HELP = f"torch intra-op threads (default: $OMP_NUM_THREADS, else {DEFAULT_THREADS})"

@@ -108,10 +108,10 @@ def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str
                     plots: bool = True, log: Callable[[str], None] = print,
                     score: str = DEFAULT_OPEN_SET_SCORE, kth: int = DEFAULT_KTH, profile: str = "auto") -> dict:
     """Data -> trained TorchScript model -> FAISS gallery -> evaluation -> metadata, in `out`. ``profile``: the
-    preprocessing profile's name, or auto (the dataset's, training.steps.DATASET_PROFILES)."""
+    preprocessing profile's name, or auto (the dataset's, training.config.DATASET_PROFILES)."""
     torch.set_num_threads(threads)
     data = prepare_data(source, cache_dir, profile=profile)
-    log(f"data {data.name}: {len(data.train_x)} train / {len(data.test_x)} test images, "
+    log(f"data {data.name}: {len(data.train_images)} train / {len(data.test_images)} test images, "
         f"{len(data.classes)} classes, {data.profile} preprocessing")
     with staged_directory(out) as staging:
         train_and_export(data, config, staging, k, log)

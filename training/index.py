@@ -8,7 +8,8 @@ from typing import Any
 import faiss
 import numpy as np
 
-INDEX_TYPES = ("flat", "hnsw", "ivf")
+from .config import INDEX_TYPES
+
 #: `auto` picks exact search below this gallery size and IVF from it on. From bench/results: at 60k
 #: vectors IVF answers a query in 0.04 ms vs 0.27 ms exact with recall@1 1.000; at 5k exact is already
 #: fast and IVF's small lists would buy nothing.

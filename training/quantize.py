@@ -23,7 +23,6 @@ from torch.nn import functional as F
 from .export import ExportError
 from .model import EmbeddingNet
 
-QUANTIZATION = ("none", "int8")
 #: Calibration inputs drawn from the training set (more changes the activation ranges by well under 1%).
 CALIBRATION_IMAGES = 2048
 #: Largest accepted difference between the quantized and the float embeddings (unit vectors) on held-out inputs:

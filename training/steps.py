@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import platform
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -32,6 +31,7 @@ from handler.artifacts import (
 )
 from handler.search import DEFAULT_K, GallerySearcher, class_prototypes, gallery_vectors
 
+from .config import QUANTIZATION, resolve_profile
 from .data import Dataset, load_dataset
 from .evaluate import (
     ACCEPT_QUANTILE,
@@ -46,7 +46,7 @@ from .evaluate import (
 )
 from .export import ONNX_OPSET, export_onnx, export_torchscript, save_checked
 from .index import build_index, default_search_params, recall_at_1, resolve_index_type
-from .quantize import CALIBRATION_IMAGES, QUANTIZATION, quantize_int8
+from .quantize import CALIBRATION_IMAGES, quantize_int8
 from .train import TrainConfig, embed, resolve_negatives, train_model
 
 TRAIN_FILE = "train.json"
@@ -54,75 +54,15 @@ INDEX_INFO_FILE = "index.json"
 METRICS_FILE = "metrics.json"
 
 
-@dataclass(frozen=True)
-class PreparedData:
-    """Canonical canvases (after the shared preprocessing) with labels and class names.
-
-    ``train_sources``/``source_kind``: where each training image came from (see :class:`Dataset`), or None.
-    """
-
-    name: str
-    train_x: np.ndarray
-    train_y: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
-    classes: tuple[str, ...]
-    train_sources: np.ndarray | None = None
-    source_kind: str | None = None
-    profile: str = preprocessing.DIGITS.name
-
-    @property
-    def preprocessing(self) -> preprocessing.Profile:
-        return preprocessing.PROFILES[self.profile]
-
-    def inputs(self, split: str) -> np.ndarray:
-        return self.preprocessing.normalize(self.train_x if split == "train" else self.test_x)
-
-    def summary(self) -> dict:
-        return {"name": self.name, "train": len(self.train_x), "test": len(self.test_x), "classes": list(self.classes)}
-
-    def save(self, path: Path) -> None:
-        """Plain .npz (no pickle), written atomically."""
-        tmp = Path(path).with_suffix(".partial.npz")
-        sources = {} if self.train_sources is None else {"train_sources": self.train_sources,
-                                                         "source_kind": np.array(self.source_kind)}
-        np.savez(tmp, name=np.array(self.name), train_x=self.train_x, train_y=self.train_y,
-                 test_x=self.test_x, test_y=self.test_y, classes=np.array(self.classes, dtype=str),
-                 profile=np.array(self.profile), **sources)
-        tmp.replace(path)
-
-    @classmethod
-    def load(cls, path: Path) -> "PreparedData":
-        with np.load(path, allow_pickle=False) as f:
-            sources = (f["train_sources"], str(f["source_kind"])) if "train_sources" in f.files else (None, None)
-            return cls(str(f["name"]), f["train_x"], f["train_y"], f["test_x"], f["test_y"],
-                       tuple(str(c) for c in f["classes"]), *sources, profile=str(f["profile"]))
-
-
-#: Datasets whose own preprocessing profile is not ``digits`` (by Dataset.name); everything else is digits.
-DATASET_PROFILES = {"fashion-mnist": preprocessing.FULL_FRAME.name}
-#: ``--preprocessing`` values: a profile's name, or auto (from the dataset, DATASET_PROFILES).
-PROFILE_CHOICES = ("auto", *preprocessing.PROFILES)
-
-
-def resolve_profile(choice: str, dataset_name: str) -> str:
-    """The profile a build uses: ``choice`` unless it is auto, then the dataset's (DATASET_PROFILES, else digits)."""
-    if choice == "auto":
-        return DATASET_PROFILES.get(dataset_name, preprocessing.DIGITS.name)
-    if choice not in preprocessing.PROFILES:
-        raise ValueError(f"unknown preprocessing profile {choice!r}: use {', '.join(PROFILE_CHOICES)}")
-    return choice
-
-
 def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | None = None,
-                 profile: str = "auto") -> PreparedData:
-    """Load a source and apply the serving preprocessing's array path (``profile``, auto: the dataset's) to every
-    image."""
+                 profile: str = "auto") -> Dataset:
+    """Load a source (or take raw ``dataset``) and apply the serving preprocessing's array path (``profile``,
+    auto: the dataset's) to every image: the Dataset of canvases the other steps read, its ``profile`` set."""
     if profile != "auto":
         resolve_profile(profile, "")  # an unknown name fails before any data is read
     ds = dataset or load_dataset(source, cache_dir, profile=None if profile == "auto" else profile)
     chosen = preprocessing.PROFILES[resolve_profile(profile, ds.name)]
-    return PreparedData(
+    return Dataset(
         ds.name,
         chosen.canvases_from_arrays(ds.train_images),
         ds.train_labels.astype(np.int64),
@@ -135,7 +75,7 @@ def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | 
     )
 
 
-def train_and_export(data: PreparedData, config: TrainConfig, out: Path, k: int = DEFAULT_K,
+def train_and_export(data: Dataset, config: TrainConfig, out: Path, k: int = DEFAULT_K,
                      log: Callable[[str], None] = print) -> dict:
     """Train, export model.pt (TorchScript, parity-checked; the int8 network when ``config.quantize`` is int8)
     and model.onnx (ONNX, parity-checked with onnxruntime; skipped when onnx/onnxruntime are not installed and
@@ -143,12 +83,12 @@ def train_and_export(data: PreparedData, config: TrainConfig, out: Path, k: int 
     if config.quantize not in QUANTIZATION:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZATION)}, got {config.quantize!r}")
     config = resolve_negatives(config, data.classes, data.profile)
-    model, history = train_model(data.inputs("train"), data.train_y, data.inputs("test"), data.test_y,
+    model, history = train_model(data.inputs("train"), data.train_labels, data.inputs("test"), data.test_labels,
                                  len(data.classes), config, k, log, data.preprocessing)
     check = data.inputs("test")[:256]
     quantization, onnx_parity = None, None
     if config.quantize == "int8":
-        pick = np.random.default_rng(config.seed).permutation(len(data.train_y))[:CALIBRATION_IMAGES]
+        pick = np.random.default_rng(config.seed).permutation(len(data.train_labels))[:CALIBRATION_IMAGES]
         int8, quantization = quantize_int8(model, data.inputs("train")[np.sort(pick)], data.inputs("test")[:1024])
         parity = save_checked(int8, int8, out / MODEL_FILE, check)
         log(f"int8 model ({quantization['fused_conv_blocks']} fused conv blocks, calibrated on "
@@ -175,7 +115,7 @@ def load_model(path: Path) -> torch.jit.ScriptModule:
     return torch.jit.load(str(path), map_location="cpu").eval()
 
 
-def build_gallery(data: PreparedData, out: Path, index_type: str = "auto", seed: int = 0,
+def build_gallery(data: Dataset, out: Path, index_type: str = "auto", seed: int = 0,
                   log: Callable[[str], None] = print) -> dict:
     """Embed the training split with model.pt and write index.faiss, labels.json, index.json, and
     sources.json when the data names each image's source (gallery item i is training image i)."""
@@ -191,9 +131,9 @@ def build_gallery(data: PreparedData, out: Path, index_type: str = "auto", seed:
         info["recall_at_1"] = recall_at_1(index, gallery, embed(model, data.inputs("test")))
         log(f"{index_type} index: recall@1 against exact search {info['recall_at_1']:.4f}")
     faiss.write_index(index, str(out / INDEX_FILE))
-    (out / LABELS_FILE).write_text(json.dumps([data.classes[y] for y in data.train_y]))
+    (out / LABELS_FILE).write_text(json.dumps([data.classes[y] for y in data.train_labels]))
     sources = out / SOURCES_FILE
-    if data.train_sources is not None and len(data.train_sources) == len(data.train_y):
+    if data.train_sources is not None and len(data.train_sources) == len(data.train_labels):
         sources.write_text(json.dumps({"kind": data.source_kind, "ids": data.train_sources.tolist()}))
     else:
         sources.unlink(missing_ok=True)  # never a stale one from an earlier build of this directory
@@ -218,7 +158,7 @@ def present_optional(out: Path) -> list[str]:
     return [name for name in OPTIONAL_CHECKSUMMED if (out / name).is_file()]
 
 
-def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plots: bool = True,
+def evaluate_and_finalize(data: Dataset, out: Path, k: int = DEFAULT_K, plots: bool = True,
                           log: Callable[[str], None] = print, score: str = DEFAULT_OPEN_SET_SCORE,
                           kth: int = DEFAULT_KTH) -> dict:
     """Evaluate with the serving searcher, calibrate the open-set threshold of `score` on held-out digits only
@@ -236,7 +176,7 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
     searcher = GallerySearcher(index, labels, k=k, score=score, kth=kth, prototypes=prototypes,
                                search_params=index_info["search_params"])
     test_emb = embed(model, data.inputs("test"))
-    result = evaluate(searcher, test_emb, data.test_y, data.classes)
+    result = evaluate(searcher, test_emb, data.test_labels, data.classes)
     top1 = result.pop("top1_distances")
     scores = searcher.scores(test_emb)
     searcher.threshold = calibrate_threshold(scores)
@@ -256,7 +196,7 @@ def evaluate_and_finalize(data: PreparedData, out: Path, k: int = DEFAULT_K, plo
         f"and rejects {result['open_set_rejection']:.1%} of synthetic non-digits")
     if plots:
         result["plots"] = write_plots(out, train_info["history"], np.array(result["confusion_matrix"]),
-                                      data.classes, test_emb, data.test_y)
+                                      data.classes, test_emb, data.test_labels)
     (out / METRICS_FILE).write_text(json.dumps(result, indent=2))
     metadata = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

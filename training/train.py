@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -16,50 +16,11 @@ from tqdm import tqdm
 from handler.preprocessing import DIGITS, Profile
 from handler.search import GallerySearcher
 
+from .config import PRECISION, TrainConfig
 from .index import build_index
 from .model import ArcFaceHead, EmbeddingNet
 from .negatives import synthetic_negatives
 from .printed import printed_digits
-
-
-@dataclass
-class TrainConfig:
-    epochs: int = 12
-    embedding_dim: int = 64
-    width: int = 32
-    batch_size: int = 128
-    lr: float = 3e-3
-    weight_decay: float = 5e-4
-    seed: int = 0
-    max_shift: float = 2.0  # pixels
-    #: Augmentation that depends on what the images show; None: the preprocessing profile's (PROFILE_DEFAULTS).
-    max_rotation: float | None = None  # degrees
-    hflip: bool | None = None  # mirror half of each batch left-right
-    erase: float | None = None  # share of images with a random rectangle erased (Zhong et al. 2020)
-    #: How the last feature map becomes a vector (training.model.POOLING; None: the profile's).
-    pool: str | None = None
-    arcface_scale: float = 16.0
-    arcface_margin: float = 0.3
-    #: Outlier exposure (training/negatives.py): size of the synthetic non-digit pool (0: off; None: decided by
-    #: training.steps.train_and_export, DIGIT_NEGATIVES for a digit dataset, else 0), negatives per batch as a
-    #: share of batch_size, the loss's weight, kind and margin (ArcFaceHead.outlier_loss).
-    negatives: int | None = None
-    negative_share: float = 0.5
-    oe_weight: float = 1.0
-    oe_loss: str = "hinge"
-    oe_margin: float = 0.0
-    #: Printed digits (training/printed.py) in every batch with their labels: pool size (0: off; None: decided
-    #: like ``negatives``, DIGIT_PRINTED for the classes "0".."9" in that order) and share of batch_size.
-    printed: int | None = None
-    printed_share: float = 0.125
-    #: Post-training quantization of the exported model.pt (training.quantize.QUANTIZATION): none or int8.
-    quantize: str = "none"
-    #: Arithmetic of the training forward pass (PRECISION): bf16 autocasts it (the weights, the loss and the
-    #: exported model stay float32).
-    precision: str = "fp32"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 #: Training defaults per preprocessing profile. Digits turn a little and are never mirrored (a mirrored digit is
@@ -70,13 +31,6 @@ PROFILE_DEFAULTS = {
     "digits": {"max_rotation": 10.0, "hflip": False, "erase": 0.0, "pool": "avg"},
     "full-frame": {"max_rotation": 0.0, "hflip": True, "erase": 0.5, "pool": "flatten"},
 }
-
-
-#: fp32, or bf16 autocast of the network's forward pass during training; float32 master weights, loss and
-#: optimiser, so what is exported and served is an ordinary float32 model.
-PRECISION = ("fp32", "bf16")
-PRECISION_HELP = ("bf16: autocast the training forward pass, in channels-last layout (faster epochs on CPUs with "
-                  "native bf16, AVX512-BF16 or AMX); the exported model is float32 either way")
 
 
 def native_bf16() -> bool:

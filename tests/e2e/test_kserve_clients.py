@@ -53,7 +53,7 @@ def predictor(model_store, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def digits(prepared_sample) -> list[np.ndarray]:
-    return [prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == d)[0])] for d in range(10)]
+    return [prepared_sample.test_images[int(np.flatnonzero(prepared_sample.test_labels == d)[0])] for d in range(10)]
 
 
 @pytest.fixture(scope="module")

@@ -93,7 +93,7 @@ def offline(tiny_artifacts) -> EmbeddingService:
 
 @pytest.fixture(scope="module")
 def canvases(prepared_sample) -> list[np.ndarray]:
-    return [prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == d)[0])] for d in range(10)]
+    return [prepared_sample.test_images[int(np.flatnonzero(prepared_sample.test_labels == d)[0])] for d in range(10)]
 
 
 def b64(data: bytes) -> str:

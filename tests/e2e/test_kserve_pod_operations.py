@@ -83,8 +83,8 @@ def run_predictor(images: dict, models_dir: Path, name: str) -> tuple[Container,
 
 @pytest.fixture(scope="module")
 def pngs(prepared_sample) -> list[bytes]:
-    picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]
-    return [user_digit_png(prepared_sample.test_x[i]) for i in picks]
+    picks = [int(np.flatnonzero(prepared_sample.test_labels == d)[0]) for d in range(10)]
+    return [user_digit_png(prepared_sample.test_images[i]) for i in picks]
 
 
 def predict(url: str, key: str, images: list[bytes]) -> tuple[int, dict]:

@@ -24,8 +24,8 @@ NOT_AN_IMAGE = "not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, TIFF)"
 
 @pytest.fixture(scope="module")
 def digits(prepared_sample) -> list[bytes]:
-    picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]
-    return [user_digit_png(prepared_sample.test_x[i]) for i in picks]
+    picks = [int(np.flatnonzero(prepared_sample.test_labels == d)[0]) for d in range(10)]
+    return [user_digit_png(prepared_sample.test_images[i]) for i in picks]
 
 
 def grpc_url(instance) -> str:

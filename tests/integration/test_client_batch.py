@@ -27,9 +27,9 @@ def nested(tmp_path_factory, prepared_sample) -> tuple[Path, dict[str, bytes]]:
     root = tmp_path_factory.mktemp("nested")
     files: dict[str, bytes] = {}
     for digit in range(10):
-        for n, index in enumerate(np.flatnonzero(prepared_sample.test_y == digit)[:PER_DIGIT]):
+        for n, index in enumerate(np.flatnonzero(prepared_sample.test_labels == digit)[:PER_DIGIT]):
             name = f"{digit}/deeper/{n:02d}.png" if n == 2 else f"{digit}/{n:02d}.png"
-            files[name] = user_digit_png(prepared_sample.test_x[index])
+            files[name] = user_digit_png(prepared_sample.test_images[index])
     files["4/01b.png"] = b"\x89PNG\r\n\x1a\n-truncated"
     for name, data in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)

@@ -73,8 +73,8 @@ def interrupt_when(proc: subprocess.Popen, started: Callable[[], bool], sig: sig
 @pytest.fixture(scope="module")
 def digits(prepared_sample, tiny_artifacts) -> list[tuple[bytes, str]]:
     """Ten held-out digits as PNGs, each with the prediction the offline service makes for it."""
-    picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]
-    pngs = [user_digit_png(prepared_sample.test_x[i]) for i in picks]
+    picks = [int(np.flatnonzero(prepared_sample.test_labels == d)[0]) for d in range(10)]
+    pngs = [user_digit_png(prepared_sample.test_images[i]) for i in picks]
     answers, _ = EmbeddingService.from_dir(tiny_artifacts).answer(pngs)
     return [(png, answer["pred"]) for png, answer in zip(pngs, answers, strict=True)]
 
@@ -256,8 +256,8 @@ def folder_dataset(prepared_sample, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("folder")
     for label in range(10):
         (root / str(label)).mkdir()
-        for j, i in enumerate(np.flatnonzero(prepared_sample.train_y == label)[:12]):
-            Image.fromarray(prepared_sample.train_x[i]).save(root / str(label) / f"{j}.png")
+        for j, i in enumerate(np.flatnonzero(prepared_sample.train_labels == label)[:12]):
+            Image.fromarray(prepared_sample.train_images[i]).save(root / str(label) / f"{j}.png")
     return root
 
 
@@ -345,11 +345,13 @@ def test_sigkill_while_publishing_always_leaves_a_complete_artifacts_dir(tmp_pat
 @pytest.fixture(scope="module")
 def other_run(prepared_sample, tmp_path_factory) -> Path:
     """Artifacts of ANOTHER training run: 1 epoch, width 8, on a 300-image subset."""
-    from training.steps import PreparedData, build_gallery, evaluate_and_finalize, train_and_export
+    from training.data import Dataset
+    from training.steps import build_gallery, evaluate_and_finalize, train_and_export
     from training.train import TrainConfig
 
-    subset = PreparedData("subset", prepared_sample.train_x[:300], prepared_sample.train_y[:300],
-                          prepared_sample.test_x[:100], prepared_sample.test_y[:100], prepared_sample.classes)
+    subset = Dataset("subset", prepared_sample.train_images[:300], prepared_sample.train_labels[:300],
+                     prepared_sample.test_images[:100], prepared_sample.test_labels[:100], prepared_sample.classes,
+                     profile=prepared_sample.profile)
     out = tmp_path_factory.mktemp("other-run")
     train_and_export(subset, TrainConfig(epochs=1, embedding_dim=32, width=8, seed=1), out, log=lambda _: None)
     build_gallery(subset, out, log=lambda _: None)

@@ -55,8 +55,8 @@ class CorpusRun:
 @pytest.fixture(scope="session")
 def hostile_corpus(prepared_sample) -> dict[str, HostileRequest]:
     """The corpus built from two real held-out digits (a 7, and a 1 for the GIF's second frame)."""
-    seven = prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == 7)[0])]
-    one = prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == 1)[0])]
+    seven = prepared_sample.test_images[int(np.flatnonzero(prepared_sample.test_labels == 7)[0])]
+    one = prepared_sample.test_images[int(np.flatnonzero(prepared_sample.test_labels == 1)[0])]
     return {item.id: item for item in build_corpus(Assets(seven, one))}
 
 
@@ -81,8 +81,8 @@ def corpus_run(torchserve, endpoint, hostile_corpus) -> CorpusRun:
 
 @pytest.fixture(scope="module")
 def good_digits(prepared_sample) -> list[bytes]:
-    picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]
-    return [user_digit_png(prepared_sample.test_x[i]) for i in picks]
+    picks = [int(np.flatnonzero(prepared_sample.test_labels == d)[0]) for d in range(10)]
+    return [user_digit_png(prepared_sample.test_images[i]) for i in picks]
 
 
 def assert_same_answer(served: dict, expected: dict) -> None:
@@ -382,7 +382,7 @@ def test_error_answers_survive_torchserve_framing(loaded, prepared_sample, row, 
     from ts.protocol.otf_message_handler import create_predict_response
 
     handler, context = loaded
-    good = user_digit_png(prepared_sample.test_x[0])
+    good = user_digit_png(prepared_sample.test_images[0])
     rows = [row, {"body": good}]
     context.request_processor = [RequestProcessor(headers), RequestProcessor({"body": {"content-type": "image/png"}})]
     context.request_ids = {0: "bad-request", 1: "good-request"}

@@ -142,7 +142,7 @@ def gateway(layout, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def digits(prepared_sample) -> list[np.ndarray]:
-    return [prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == d)[0])] for d in (2, 7)]
+    return [prepared_sample.test_images[int(np.flatnonzero(prepared_sample.test_labels == d)[0])] for d in (2, 7)]
 
 
 def send(url: str, path: str, key: str, data: bytes, headers: dict[str, str] | None = None

@@ -35,7 +35,7 @@ V2_CONFIG = MODEL_CONFIG_FILE.read_text().replace("minWorkers: 2", "minWorkers: 
 
 @pytest.fixture(scope="module")
 def digit(prepared_sample) -> bytes:
-    return user_digit_png(prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == 4)[0])])
+    return user_digit_png(prepared_sample.test_images[int(np.flatnonzero(prepared_sample.test_labels == 4)[0])])
 
 
 @pytest.fixture(scope="module")

@@ -58,8 +58,8 @@ def settled(instance, done: Callable[[dict[str, float]], bool] | None = None,
 @pytest.fixture(scope="module")
 def images(prepared_sample) -> tuple[list[bytes], list[bytes]]:
     """Ten digits, and non-digit shapes (some land beyond the open-set threshold)."""
-    picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]
-    digits = [user_digit_png(prepared_sample.test_x[i]) for i in picks]
+    picks = [int(np.flatnonzero(prepared_sample.test_labels == d)[0]) for d in range(10)]
+    digits = [user_digit_png(prepared_sample.test_images[i]) for i in picks]
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[:64, :64]
     shapes = [

@@ -195,13 +195,13 @@ def local_run(tmp_path_factory):
 @pytest.mark.serving
 def test_local_run_writes_every_artifact(local_run):
     from handler.artifacts import verify_artifacts
-    from training.steps import PreparedData
+    from training.data import Dataset
 
     run, _, _ = local_run
     out = run.outputs
     assert TASKS | {"deploy-local"} == set(out)
-    data = PreparedData.load(out["load-data"]["dataset"].path)
-    assert (len(data.train_x), len(data.test_x)) == (4000, 1000)
+    data = Dataset.load(out["load-data"]["dataset"].path)
+    assert (len(data.train_images), len(data.test_images)) == (4000, 1000)
     assert out["load-data"]["dataset"].metadata["format"] == "npz"
     assert {"model.pt", "train.json"} <= {p.name for p in out["train"]["model"].path.iterdir()}
     gallery = {p.name for p in out["build-index"]["artifacts"].path.iterdir()}
@@ -215,7 +215,7 @@ def test_local_run_writes_every_artifact(local_run):
     assert 0.0 <= logged["open_set_rejection"] <= 1.0
     matrix = out["evaluate"]["confusion"].metadata["confusionMatrix"]
     assert [a["displayName"] for a in matrix["annotationSpecs"]] == list(data.classes)
-    assert sum(sum(row["row"]) for row in matrix["rows"]) == len(data.test_x)
+    assert sum(sum(row["row"]) for row in matrix["rows"]) == len(data.test_images)
     report = out["evaluate"]["report"].path.read_text()
     assert f"{run.accuracy:.4f}" in report and "| 9 |" in report
     mar = out["archive"]["mar"]

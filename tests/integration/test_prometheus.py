@@ -405,7 +405,7 @@ def test_drift_alerts_fire_on_non_digits_and_stay_quiet_on_digits(e2e_instance, 
     baseline = _wait(lambda: prom.api(url, "query", query="embedding:baseline_top1_distance:p90")["result"], 30)
     assert baseline, "no baseline record"
 
-    digits = [user_digit_png(x) for x in prepared_sample.test_x[:300]]
+    digits = [user_digit_png(x) for x in prepared_sample.test_images[:300]]
     sent = _send(e2e_instance, digits, seconds=10)
     assert sent >= 100
     time.sleep(3)  # scrape + rule evaluation + for: 2s

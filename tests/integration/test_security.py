@@ -41,7 +41,7 @@ def server(model_store, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def digit(prepared_sample) -> bytes:
-    return user_digit_png(prepared_sample.test_x[0])
+    return user_digit_png(prepared_sample.test_images[0])
 
 
 def call(url: str, token: str | None = None, method: str = "GET", data: bytes | None = None,

@@ -60,8 +60,8 @@ def endpoint(torchserve):
 
 @pytest.fixture(scope="module")
 def digits(prepared_sample):
-    picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]
-    return [user_digit_png(prepared_sample.test_x[i]) for i in picks]
+    picks = [int(np.flatnonzero(prepared_sample.test_labels == d)[0]) for d in range(10)]
+    return [user_digit_png(prepared_sample.test_images[i]) for i in picks]
 
 
 def test_served_answers_equal_offline_answers_in_every_form(endpoint, digits, tiny_artifacts):

@@ -26,8 +26,8 @@ def service(tiny_artifacts) -> EmbeddingService:
 
 @pytest.fixture(scope="module")
 def pngs(prepared_sample) -> list[bytes]:
-    picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]
-    return [user_digit_png(prepared_sample.test_x[i]) for i in picks]
+    picks = [int(np.flatnonzero(prepared_sample.test_labels == d)[0]) for d in range(10)]
+    return [user_digit_png(prepared_sample.test_images[i]) for i in picks]
 
 
 def test_the_option_is_named_embedding():
@@ -136,7 +136,7 @@ def test_neighbour_ids_point_at_the_right_gallery_items(service, pngs, prepared_
             assert source == int(prepared_sample.train_sources[item])
             assert str(y[source]) == neighbour["label"]
             raw = x[source].reshape(1, 28, 28).astype(np.uint8)
-            np.testing.assert_array_equal(canvases_from_arrays(raw)[0], prepared_sample.train_x[item])
+            np.testing.assert_array_equal(canvases_from_arrays(raw)[0], prepared_sample.train_images[item])
         assert [n["dist"] for n in answer["neighbours"]] == sorted(n["dist"] for n in answer["neighbours"])
 
 

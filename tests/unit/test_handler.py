@@ -23,8 +23,8 @@ ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours", "model_ver
 @pytest.fixture(scope="module")
 def digits(prepared_sample):
     """One held-out digit canvas per class, as PNG bytes a user would send, with its true label."""
-    picks = [int(np.flatnonzero(prepared_sample.test_y == d)[0]) for d in range(10)]
-    return [(user_digit_png(prepared_sample.test_x[i]), str(prepared_sample.test_y[i])) for i in picks]
+    picks = [int(np.flatnonzero(prepared_sample.test_labels == d)[0]) for d in range(10)]
+    return [(user_digit_png(prepared_sample.test_images[i]), str(prepared_sample.test_labels[i])) for i in picks]
 
 
 def test_single_raw_request_answers_with_documented_schema(loaded, digits):
@@ -91,12 +91,12 @@ def test_served_k_is_the_trained_k_and_matches_offline_evaluation(prepared_sampl
     with caplog.at_level(logging.WARNING):
         handler.initialize(context)
     assert "handler.k=3 is ignored" in caplog.text
-    png = user_digit_png(prepared_sample.test_x[0])
+    png = user_digit_png(prepared_sample.test_images[0])
     answers, _ = run_batch(handler, context, [raw_row(png)])
     assert len(answers[0]["neighbours"]) == 7
     service = handler.service
-    results = service.searcher.classify(service.embed(normalize(prepared_sample.test_x)))
-    served = np.mean([r["pred"] == str(y) for r, y in zip(results, prepared_sample.test_y)])
+    results = service.searcher.classify(service.embed(normalize(prepared_sample.test_images)))
+    served = np.mean([r["pred"] == str(y) for r, y in zip(results, prepared_sample.test_labels)])
     assert served == pytest.approx(metadata["metrics"]["accuracy"], abs=1e-9)
 
 

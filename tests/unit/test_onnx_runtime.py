@@ -127,7 +127,7 @@ def test_handler_with_onnxruntime_serves_the_torchscript_answers(loaded, tiny_ar
     with caplog.at_level(logging.INFO):
         onnx_handler.initialize(onnx_context)
     assert "(onnxruntime)" in caplog.text
-    rows = [raw_row(user_digit_png(prepared_sample.test_x[i])) for i in range(0, 80, 10)]
+    rows = [raw_row(user_digit_png(prepared_sample.test_images[i])) for i in range(0, 80, 10)]
     expected, _ = run_batch(handler, context, rows)
     served, statuses = run_batch(onnx_handler, onnx_context, rows)
     assert statuses == [200] * len(rows)
@@ -162,12 +162,14 @@ def test_onnxruntime_refused_when_not_installed_or_on_cuda(tiny_artifacts, monke
 
 
 def test_training_without_onnx_installed_writes_no_model_onnx(prepared_sample, tmp_path, monkeypatch):
-    from training.steps import PreparedData, build_gallery, evaluate_and_finalize, train_and_export
+    from training.data import Dataset
+    from training.steps import build_gallery, evaluate_and_finalize, train_and_export
     from training.train import TrainConfig
 
     monkeypatch.setattr(export_module, "onnx_modules", lambda: None)
-    small = PreparedData(prepared_sample.name, prepared_sample.train_x[:600], prepared_sample.train_y[:600],
-                         prepared_sample.test_x[:200], prepared_sample.test_y[:200], prepared_sample.classes)
+    small = Dataset(prepared_sample.name, prepared_sample.train_images[:600], prepared_sample.train_labels[:600],
+                    prepared_sample.test_images[:200], prepared_sample.test_labels[:200], prepared_sample.classes,
+                    profile=prepared_sample.profile)
     out = tmp_path / "no-onnx"
     out.mkdir()
     (out / ONNX_FILE).write_bytes(b"stale model from an earlier build")

@@ -136,7 +136,7 @@ def test_malformed_open_set_section_is_an_artifact_error(tiny_artifacts, edit, m
 
 
 def test_old_metadata_without_open_set_serves_top1_distance_as_before(tiny_artifacts, tmp_path, prepared_sample):
-    images = list(prepared_sample.test_x[:40]) + list(synthetic_non_digits(20))
+    images = list(prepared_sample.test_images[:40]) + list(synthetic_non_digits(20))
     top1 = [a["dist"] for a in EmbeddingService.from_dir(tiny_artifacts).answer(images)[0]]
     threshold = float(np.median(top1))
 
@@ -155,7 +155,7 @@ def test_old_metadata_without_open_set_serves_top1_distance_as_before(tiny_artif
 @pytest.fixture(scope="module")
 def mixed_images(prepared_sample) -> list[np.ndarray]:
     """Held-out digits, synthetic non-digits and noise/blank frames, raw uint8."""
-    return list(prepared_sample.test_x[:30]) + list(synthetic_non_digits(15, seed=7)) + list(blank_and_noise(8, 7))
+    return list(prepared_sample.test_images[:30]) + list(synthetic_non_digits(15, seed=7)) + list(blank_and_noise(8, 7))
 
 
 def test_handler_answers_follow_the_recorded_score_and_equal_the_offline_evaluation(tiny_artifacts, tmp_path,
@@ -287,7 +287,7 @@ def test_prototypes_from_the_stored_gallery_equal_a_fresh_embedding_pass(tiny_ar
     metadata = evaluate_and_finalize(prepared_sample, artifacts, plots=False, log=lambda _: None)
     assert metadata["index"]["type"] == index_type
     fresh = embed(load_model(artifacts / "model.pt"), prepared_sample.inputs("train"))
-    names, expected = class_prototypes(fresh, [prepared_sample.classes[y] for y in prepared_sample.train_y])
+    names, expected = class_prototypes(fresh, [prepared_sample.classes[y] for y in prepared_sample.train_labels])
     recorded = metadata["open_set"]["prototypes"]
     assert recorded["labels"] == names
     np.testing.assert_array_equal(np.asarray(recorded["vectors"], dtype=np.float32), expected)

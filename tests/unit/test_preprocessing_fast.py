@@ -165,8 +165,8 @@ def test_arrays_of_every_kind_give_v1s_answer(array):
 
 
 def test_hostile_corpus_bodies_and_images_give_v1s_answers(prepared_sample):
-    seven = prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == 7)[0])]
-    one = prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == 1)[0])]
+    seven = prepared_sample.test_images[int(np.flatnonzero(prepared_sample.test_labels == 7)[0])]
+    one = prepared_sample.test_images[int(np.flatnonzero(prepared_sample.test_labels == 1)[0])]
     for item in build_corpus(Assets(seven, one)):
         for data in (item.body, item.image):
             if data is not None and len(data) < 2_000_000:

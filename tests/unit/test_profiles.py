@@ -29,9 +29,10 @@ from handler.preprocessing import (
 )
 from handler.service import EmbeddingService
 from training.__main__ import main as training_main
+from training.config import PROFILE_CHOICES, resolve_profile
 from training.data import Dataset
 from training.data.idx import FASHION_CLASSES
-from training.steps import PROFILE_CHOICES, prepare_data, resolve_profile
+from training.steps import prepare_data
 from training.train import PROFILE_DEFAULTS, TrainConfig, augment, resolve_profile_defaults
 
 
@@ -122,12 +123,12 @@ def fashion_like(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_prepare_data_reads_fashion_mnist_full_frame_unchanged():
-    train_x, train_y = fashion_like(40, 0)
-    test_x, test_y = fashion_like(20, 1)
-    ds = Dataset("fashion-mnist", train_x, train_y, test_x, test_y, FASHION_CLASSES)
+    train_images, train_labels = fashion_like(40, 0)
+    test_images, test_labels = fashion_like(20, 1)
+    ds = Dataset("fashion-mnist", train_images, train_labels, test_images, test_labels, FASHION_CLASSES)
     data = prepare_data("unused", dataset=ds)
     assert data.profile == "full-frame"
-    np.testing.assert_array_equal(data.train_x, train_x)
+    np.testing.assert_array_equal(data.train_images, train_images)
     assert prepare_data("unused", dataset=ds, profile="digits").profile == "digits"
 
 
@@ -224,8 +225,8 @@ def test_the_curve_uses_a_gallery_sample_until_the_last_epoch(monkeypatch, prepa
     sample does not change what is trained (its own RNG)."""
     import training.train as train
 
-    x, y = prepared_sample.inputs("train")[:300], prepared_sample.train_y[:300]
-    tx, ty = prepared_sample.inputs("test")[:100], prepared_sample.test_y[:100]
+    x, y = prepared_sample.inputs("train")[:300], prepared_sample.train_labels[:300]
+    tx, ty = prepared_sample.inputs("test")[:100], prepared_sample.test_labels[:100]
     config = TrainConfig(epochs=2, width=4, embedding_dim=8, negatives=0, printed=0)
     whole, whole_history = train.train_model(x, y, tx, ty, 10, config, 5, log=lambda _: None)
     monkeypatch.setattr(train, "CURVE_GALLERY", 50)

@@ -22,7 +22,7 @@ JSON_FORM = {"output_format": "json"}
 @pytest.fixture(scope="module")
 def canvases(prepared_sample) -> list[np.ndarray]:
     """One held-out 28x28 uint8 digit per class (light strokes on black, as MNIST stores them)."""
-    return [prepared_sample.test_x[int(np.flatnonzero(prepared_sample.test_y == d)[0])] for d in range(10)]
+    return [prepared_sample.test_images[int(np.flatnonzero(prepared_sample.test_labels == d)[0])] for d in range(10)]
 
 
 def b64(data: bytes) -> str:

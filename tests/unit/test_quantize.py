@@ -28,8 +28,8 @@ def trained_net(prepared_sample, pool: str = "avg") -> EmbeddingNet:
     from training.train import train_model
 
     config = TrainConfig(epochs=3, embedding_dim=16, width=8, seed=0, pool=pool, negatives=0, printed=0)
-    model, _ = train_model(prepared_sample.inputs("train")[:2048], prepared_sample.train_y[:2048],
-                           prepared_sample.inputs("test")[:200], prepared_sample.test_y[:200], 10, config, 5,
+    model, _ = train_model(prepared_sample.inputs("train")[:2048], prepared_sample.train_labels[:2048],
+                           prepared_sample.inputs("test")[:200], prepared_sample.test_labels[:200], 10, config, 5,
                            log=lambda _: None)
     return model
 
@@ -51,7 +51,7 @@ def test_int8_embeddings_stay_close_to_the_float_ones_and_survive_save_and_reloa
     assert 0 < info["max_abs_diff_vs_float"] <= quantize_module.MAX_EMBEDDING_DIFF  # really quantized, not a copy
     # The same nearest-neighbour label for nearly every query, each model searching its own gallery embeddings.
     gallery = prepared_sample.inputs("train")[:1000]
-    labels = prepared_sample.train_y[:1000]
+    labels = prepared_sample.train_labels[:1000]
     float_nn = labels[(ref.numpy() @ embed(model, gallery).T).argmax(1)]
     int8_nn = labels[(out.numpy() @ embed(int8, gallery).T).argmax(1)]
     assert np.mean(float_nn == int8_nn) >= 0.95
@@ -113,7 +113,7 @@ def test_gallery_and_threshold_are_built_with_the_int8_model(tiny_int8_artifacts
     assert (ids[:, 0] == np.arange(64)).mean() >= 0.95 and float(np.median(distances)) < 1e-6
     test_emb = service.embed(prepared_sample.inputs("test"))
     served = np.array([a["pred"] for a in service.searcher.classify(test_emb)])
-    accuracy = float((served == np.array([prepared_sample.classes[y] for y in prepared_sample.test_y])).mean())
+    accuracy = float((served == np.array([prepared_sample.classes[y] for y in prepared_sample.test_labels])).mean())
     assert accuracy == pytest.approx(service.metadata["metrics"]["accuracy"], abs=1e-9)
     assert accuracy > 0.9
 

@@ -198,25 +198,54 @@ def test_sources_are_checksummed(tmp_path, tiny_artifacts, damage):
 
 
 def test_prepared_data_keeps_sources_through_save_and_load(tmp_path, prepared_sample):
-    from training.steps import PreparedData
+    from training.data import Dataset
 
     prepared_sample.save(tmp_path / "with.npz")
-    loaded = PreparedData.load(tmp_path / "with.npz")
-    assert loaded.source_kind == "dataset_index"
+    loaded = Dataset.load(tmp_path / "with.npz")
+    assert (loaded.source_kind, loaded.profile) == ("dataset_index", prepared_sample.profile)
     np.testing.assert_array_equal(loaded.train_sources, prepared_sample.train_sources)
-    bare = PreparedData("x", prepared_sample.train_x[:5], prepared_sample.train_y[:5], prepared_sample.test_x[:5],
-                        prepared_sample.test_y[:5], prepared_sample.classes)
+    np.testing.assert_array_equal(loaded.test_images, prepared_sample.test_images)
+    bare = Dataset("x", prepared_sample.train_images[:5], prepared_sample.train_labels[:5],
+                   prepared_sample.test_images[:5], prepared_sample.test_labels[:5], prepared_sample.classes)
     bare.save(tmp_path / "without.npz")
-    assert PreparedData.load(tmp_path / "without.npz").train_sources is None
+    reloaded = Dataset.load(tmp_path / "without.npz")
+    assert (reloaded.train_sources, reloaded.profile) == (None, None)
+    with pytest.raises(ValueError, match="raw images"):
+        reloaded.inputs("train")
+
+
+@pytest.mark.parametrize("profile", [None, "full-frame"])
+def test_dataset_loads_an_npz_written_under_the_old_array_names(tmp_path, prepared_sample, profile):
+    """Pipeline artifacts and caches written before the array keys were renamed (train_x, train_y, test_x,
+    test_y; a profile key from some point on) still load, as the prepared canvases they are."""
+    from training.data import Dataset
+
+    part = {"train_x": prepared_sample.train_images[:7], "train_y": prepared_sample.train_labels[:7],
+            "test_x": prepared_sample.test_images[:3], "test_y": prepared_sample.test_labels[:3]}
+    extra = {} if profile is None else {"profile": np.array(profile)}
+    np.savez(tmp_path / "old.npz", name=np.array("mnist-sample"), classes=np.array(prepared_sample.classes, dtype=str),
+             train_sources=prepared_sample.train_sources[:7], source_kind=np.array("dataset_index"), **part, **extra)
+    loaded = Dataset.load(tmp_path / "old.npz")
+    np.testing.assert_array_equal(loaded.train_images, part["train_x"])
+    np.testing.assert_array_equal(loaded.train_labels, part["train_y"])
+    np.testing.assert_array_equal(loaded.test_images, part["test_x"])
+    np.testing.assert_array_equal(loaded.test_labels, part["test_y"])
+    np.testing.assert_array_equal(loaded.train_sources, prepared_sample.train_sources[:7])
+    assert (loaded.name, loaded.classes, loaded.source_kind) == ("mnist-sample", prepared_sample.classes,
+                                                                 "dataset_index")
+    assert loaded.profile == (profile or "digits")
+    assert loaded.inputs("test").shape == (3, 1, 28, 28)
 
 
 def test_gallery_without_sources_leaves_no_stale_sources_file(tmp_path, tiny_artifacts, prepared_sample):
-    from training.steps import PreparedData, build_gallery, evaluate_and_finalize
+    from training.data import Dataset
+    from training.steps import build_gallery, evaluate_and_finalize
 
     out = tmp_path / "artifacts"
     shutil.copytree(tiny_artifacts, out)
-    subset = PreparedData("subset", prepared_sample.train_x[:300], prepared_sample.train_y[:300],
-                          prepared_sample.test_x[:100], prepared_sample.test_y[:100], prepared_sample.classes)
+    subset = Dataset("subset", prepared_sample.train_images[:300], prepared_sample.train_labels[:300],
+                     prepared_sample.test_images[:100], prepared_sample.test_labels[:100], prepared_sample.classes,
+                     profile=prepared_sample.profile)
     build_gallery(subset, out, log=quiet)
     assert not (out / SOURCES_FILE).exists()
     metadata = evaluate_and_finalize(subset, out, plots=False, log=quiet)
@@ -260,11 +289,11 @@ def test_stored_threshold_accepts_held_out_digits(tiny_artifacts, tiny_embedding
 
 def test_evaluate_confusion_matrix_matches_accuracy(tiny_artifacts, tiny_embeddings, prepared_sample):
     metadata = verify_artifacts(tiny_artifacts)
-    result = evaluate(tiny_searcher(tiny_artifacts, metadata), tiny_embeddings[1], prepared_sample.test_y,
+    result = evaluate(tiny_searcher(tiny_artifacts, metadata), tiny_embeddings[1], prepared_sample.test_labels,
                       prepared_sample.classes)
     matrix = np.array(result["confusion_matrix"])
     assert matrix.shape == (10, 10)
-    assert matrix.sum() == len(prepared_sample.test_y) == 1000
+    assert matrix.sum() == len(prepared_sample.test_labels) == 1000
     assert np.trace(matrix) / matrix.sum() == pytest.approx(result["accuracy"])
     assert result["accuracy"] == pytest.approx(metadata["metrics"]["accuracy"])
     assert set(result["per_class"]) == set(prepared_sample.classes)
@@ -281,8 +310,8 @@ def small_run(prepared_sample, seed: int, precision: str = "fp32") -> tuple[Embe
     """One epoch on 512 train / 256 test canvases; returns the model and its test embeddings."""
     config = TrainConfig(epochs=1, embedding_dim=16, width=8, seed=seed, precision=precision)
     test_x = prepared_sample.inputs("test")[:256]
-    model, history = train_model(prepared_sample.inputs("train")[:512], prepared_sample.train_y[:512], test_x,
-                                 prepared_sample.test_y[:256], len(prepared_sample.classes), config, 5, quiet)
+    model, history = train_model(prepared_sample.inputs("train")[:512], prepared_sample.train_labels[:512], test_x,
+                                 prepared_sample.test_labels[:256], len(prepared_sample.classes), config, 5, quiet)
     assert [h["epoch"] for h in history.epochs] == [1]
     return model, embed(model, test_x)
 

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from settings import DEFAULT_DATA_SOURCE as DEFAULT_SOURCE, cache_root
+
+if TYPE_CHECKING:
+    from handler.preprocessing import Profile
 
 
 #: The --data-source forms, for help texts and errors.
@@ -34,12 +38,19 @@ class DataError(Exception):
     """A data source is missing, malformed or unreachable; the message is one line for the user."""
 
 
+#: The .npz keys of each image and label array (Dataset.save), with the names earlier releases wrote them under;
+#: Dataset.load reads either, so pipeline artifacts and caches written before keep loading.
+_ARRAY_KEYS = {"train_images": "train_x", "train_labels": "train_y", "test_images": "test_x", "test_labels": "test_y"}
+
+
 @dataclass(frozen=True)
 class Dataset:
     """Train/test images (N, H, W) uint8 with integer labels indexing ``classes``.
 
     ``train_sources`` names where each training image came from (``source_kind``: a relative file path,
     or an index into the source's images); None when a source cannot say.
+    ``profile`` is None for images as their source gave them, else the preprocessing profile whose canonical
+    28x28 canvases the images are (training.steps.prepare_data): the form the build's steps train on.
     """
 
     name: str
@@ -50,6 +61,7 @@ class Dataset:
     classes: tuple[str, ...]
     train_sources: np.ndarray | None = None
     source_kind: str | None = None
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
@@ -70,6 +82,25 @@ class Dataset:
             if self.train_sources.shape != (len(self.train_images),):
                 raise DataError(f"{self.name}: {len(self.train_images)} train images but sources of shape "
                                 f"{self.train_sources.shape}")
+        if self.profile is not None:
+            from handler.preprocessing import PROFILES
+
+            if self.profile not in PROFILES:
+                raise DataError(f"{self.name}: unknown preprocessing profile {self.profile!r}: use "
+                                f"{', '.join(PROFILES)}")
+
+    @property
+    def preprocessing(self) -> Profile:
+        """The profile the images were prepared with; a raw dataset (profile None) has none."""
+        if self.profile is None:
+            raise ValueError(f"{self.name}: raw images, not prepared with a preprocessing profile")
+        from handler.preprocessing import PROFILES
+
+        return PROFILES[self.profile]
+
+    def inputs(self, split: str) -> np.ndarray:
+        """The model's float inputs of a split (``train`` or ``test``) of prepared canvases."""
+        return self.preprocessing.normalize(self.train_images if split == "train" else self.test_images)
 
     def summary(self) -> dict:
         return {
@@ -78,6 +109,31 @@ class Dataset:
             "test": int(len(self.test_images)),
             "classes": list(self.classes),
         }
+
+    def save(self, path: Path) -> None:
+        """Plain .npz (no pickle), written atomically."""
+        tmp = Path(path).with_suffix(".partial.npz")
+        extra = {} if self.train_sources is None else {"train_sources": self.train_sources,
+                                                       "source_kind": np.array(self.source_kind)}
+        if self.profile is not None:
+            extra["profile"] = np.array(self.profile)
+        np.savez(tmp, name=np.array(self.name), classes=np.array(self.classes, dtype=str),
+                 **{key: getattr(self, key) for key in _ARRAY_KEYS}, **extra)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Dataset:
+        """A dataset written by save, or by earlier releases under the old array names (train_x, train_y, ...):
+        those held prepared canvases only, digits unless their profile says otherwise."""
+        from handler.preprocessing import DIGITS
+
+        with np.load(path, allow_pickle=False) as f:
+            old = _ARRAY_KEYS["train_images"] in f.files
+            arrays = {key: f[old_key if old else key] for key, old_key in _ARRAY_KEYS.items()}
+            sources = (f["train_sources"], str(f["source_kind"])) if "train_sources" in f.files else (None, None)
+            profile = str(f["profile"]) if "profile" in f.files else (DIGITS.name if old else None)
+            return cls(str(f["name"]), classes=tuple(str(c) for c in f["classes"]), train_sources=sources[0],
+                       source_kind=sources[1], profile=profile, **arrays)
 
 
 def _layout_and_location(source: str) -> tuple[str, str]:

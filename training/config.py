@@ -1,0 +1,74 @@
+"""The build's settings without the libraries that use them: TrainConfig and the choices of ``python -m training``
+and ``python -m pipeline`` (index types, quantization, precision, preprocessing profiles), so that parsing a
+command line imports neither torch nor faiss."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from handler.preprocessing import DIGITS, FULL_FRAME, PROFILES
+
+#: Gallery indexes (training.index): exact, HNSW graph, IVF lists.
+INDEX_TYPES = ("flat", "hnsw", "ivf")
+#: Post-training quantization of the exported model.pt (training.quantize).
+QUANTIZATION = ("none", "int8")
+#: fp32, or bf16 autocast of the network's forward pass during training; float32 master weights, loss and
+#: optimiser, so what is exported and served is an ordinary float32 model.
+PRECISION = ("fp32", "bf16")
+PRECISION_HELP = ("bf16: autocast the training forward pass, in channels-last layout (faster epochs on CPUs with "
+                  "native bf16, AVX512-BF16 or AMX); the exported model is float32 either way")
+#: Datasets whose own preprocessing profile is not ``digits`` (by Dataset.name); everything else is digits.
+DATASET_PROFILES = {"fashion-mnist": FULL_FRAME.name}
+#: ``--preprocessing`` values: a profile's name, or auto (from the dataset, DATASET_PROFILES).
+PROFILE_CHOICES = ("auto", *PROFILES)
+
+
+def resolve_profile(choice: str, dataset_name: str) -> str:
+    """The profile a build uses: ``choice`` unless it is auto, then the dataset's (DATASET_PROFILES, else digits)."""
+    if choice == "auto":
+        return DATASET_PROFILES.get(dataset_name, DIGITS.name)
+    if choice not in PROFILES:
+        raise ValueError(f"unknown preprocessing profile {choice!r}: use {', '.join(PROFILE_CHOICES)}")
+    return choice
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 12
+    embedding_dim: int = 64
+    width: int = 32
+    batch_size: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 5e-4
+    seed: int = 0
+    max_shift: float = 2.0  # pixels
+    #: Augmentation that depends on what the images show; None: the preprocessing profile's
+    #: (training.train.PROFILE_DEFAULTS).
+    max_rotation: float | None = None  # degrees
+    hflip: bool | None = None  # mirror half of each batch left-right
+    erase: float | None = None  # share of images with a random rectangle erased (Zhong et al. 2020)
+    #: How the last feature map becomes a vector (training.model.POOLING; None: the profile's).
+    pool: str | None = None
+    arcface_scale: float = 16.0
+    arcface_margin: float = 0.3
+    #: Outlier exposure (training/negatives.py): size of the synthetic non-digit pool (0: off; None: decided by
+    #: training.steps.train_and_export, training.train.DIGIT_NEGATIVES for a digit dataset, else 0), negatives
+    #: per batch as a share of batch_size, the loss's weight, kind and margin (ArcFaceHead.outlier_loss).
+    negatives: int | None = None
+    negative_share: float = 0.5
+    oe_weight: float = 1.0
+    oe_loss: str = "hinge"
+    oe_margin: float = 0.0
+    #: Printed digits (training/printed.py) in every batch with their labels: pool size (0: off; None: decided
+    #: like ``negatives``, training.train.DIGIT_PRINTED for the classes "0".."9" in that order) and share of
+    #: batch_size.
+    printed: int | None = None
+    printed_share: float = 0.125
+    #: Post-training quantization of the exported model.pt (QUANTIZATION, training.quantize): none or int8.
+    quantize: str = "none"
+    #: Arithmetic of the training forward pass (PRECISION): bf16 autocasts it (the weights, the loss and the
+    #: exported model stay float32).
+    precision: str = "fp32"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
