@@ -100,14 +100,27 @@ def check_model_name(name: str) -> str:
 
 
 def read_properties(path: Path) -> dict[str, str]:
-    """Java-style key=value file (comments and blank lines skipped)."""
+    """The key=value subset of Java's .properties format that TorchServe's configs use.
+
+    Comments (#, !) and blank lines are skipped. What Java would read differently from a plain split on the
+    first "=" is refused with a SettingsError naming the line: a ":" or whitespace separator, backslash escapes
+    and line continuations. Silently skipping such a line would let TorchServe apply a value the project's own
+    checks never saw.
+    """
     props: dict[str, str] = {}
-    for raw in Path(path).read_text().splitlines():
+    for number, raw in enumerate(Path(path).read_text().splitlines(), start=1):
         line = raw.strip()
-        if not line or line.startswith(("#", "!")) or "=" not in line:
+        if not line or line.startswith(("#", "!")):
             continue
-        key, value = line.split("=", 1)
-        props[key.strip()] = value.strip()
+        key, sep, value = line.partition("=")
+        if "\\" in line:
+            problem = "a backslash (escape or line continuation) is not supported"
+        elif not sep or any(c in key.strip() for c in ": \t"):
+            problem = "write key=value (a ':' or whitespace separator is not supported)"
+        else:
+            props[key.strip()] = value.strip()
+            continue
+        raise SettingsError(f"{path}:{number}: {problem}: {line[:80]!r}")
     return props
 
 

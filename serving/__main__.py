@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, input_dir, input_file, os_error,
                         output_dir, positive_seconds)
-from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME, REPO, SettingsError, check_model_name
+from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME, REPO, SettingsError, check_model_name, read_properties
 
 from .server import Instance, ServerError, start, stop
 
@@ -39,7 +39,7 @@ def _check(args: argparse.Namespace) -> None:
         output_dir(args.out, "--out")
         return
     check_model_name(args.model_name)
-    input_file(args.config, "--config")
+    read_properties(input_file(args.config, "--config"))  # a line TorchServe would read differently is refused here
     output_dir(args.workdir, "--workdir")
     if args.command == "start":
         input_dir(args.model_store, "--model-store")

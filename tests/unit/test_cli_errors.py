@@ -35,6 +35,8 @@ CASES: list[tuple[str, tuple[str, ...], int, str]] = [
     # python -m serving
     ("serving missing config", (*PY, "serving", "--config", "/nonexistent.properties", "start"), 2,
      "--config /nonexistent.properties: no such file"),
+    ("serving config not key=value", (*PY, "serving", "--config", "README.md", "stop"), 2,
+     "write key=value (a ':' or whitespace separator"),
     ("serving config is a folder", (*PY, "serving", "--config", "docs", "stop"), 2, "is a folder, not a file"),
     ("serving workdir is a file", (*PY, "serving", "--workdir", "README.md", "start"), 2,
      "--workdir README.md: is a file"),

@@ -82,3 +82,18 @@ def test_the_library_pixel_limit_is_the_served_one():
     from handler.preprocessing import DEFAULT_MAX_PIXELS
 
     assert DEFAULT_MAX_PIXELS == settings.MAX_IMAGE_PIXELS
+
+
+@pytest.mark.parametrize("line", ["max_request_size: 100", "max_request_size 100", "vmargs=-Xmx512m \\",
+                                  "inference_address=http\\://127.0.0.1\\:8080", "load_models"])
+def test_properties_the_reader_cannot_read_as_java_does_are_refused(tmp_path, line):
+    path = tmp_path / "config.properties"
+    path.write_text(f"# comment\n! comment\n\nmetrics_mode=prometheus\n{line}\n")
+    with pytest.raises(settings.SettingsError, match=r"config\.properties:5: "):
+        settings.read_properties(path)
+
+
+def test_properties_key_value_lines_are_read_with_comments_and_blanks_skipped(tmp_path):
+    path = tmp_path / "config.properties"
+    path.write_text("# c\n! c\n\n  a = 1 \nb=x=y\nc=\n")
+    assert settings.read_properties(path) == {"a": "1", "b": "x=y", "c": ""}
