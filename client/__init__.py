@@ -4,7 +4,7 @@
     with EmbeddingClient(token="...") as c:          # REST on the config.properties address
         answer = c.predict("samples/digit_7.png")     # {"pred", "dist", "confidence", "unknown", "neighbours"}
 
-See client/README.md for the CLI (``python -m client``), exit codes and the lifecycle commands.
+See client/README.md for the CLI (python -m client), exit codes and the lifecycle commands.
 """
 
 from .api import EmbeddingClient

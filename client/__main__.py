@@ -22,7 +22,7 @@ from typing import Any, Iterator, Sequence, TextIO
 
 import cli_common
 from cli_common import Parser, non_negative_int, positive_int, positive_seconds
-from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME
+from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME, SettingsError
 
 from . import tokens
 from .batch import FORMATS, RowWriter, Summary, answer_files, walk
@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS.get(args.command, _lifecycle)(args)
     except ClientError as exc:
         return cli_common.fail("client", exc, exc.exit_code)
-    except cli_common.UsageError as exc:
+    except (cli_common.UsageError, SettingsError) as exc:
         return cli_common.fail("client", exc, UsageError.exit_code)
     except OSError as exc:
         return cli_common.fail("client", cli_common.os_error(exc))

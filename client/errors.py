@@ -8,7 +8,7 @@ Exit codes of ``python -m client``:
 2    usage error: bad arguments, unreadable image file or folder, unreadable key file
 3    token refused: missing, or wrong/expired (``AuthError.reason`` says which)
 4    model or model version not loaded on the server
-5    at least one image refused by the handler (4xx: not an image, too large, ...)
+5    at least one image failed: unreadable, or refused by the server (4xx: not an image, too large, ...)
 6    timeout waiting for an answer
 7    cannot connect (refused, unreachable) after the retries
 8    server error (5xx), or still unavailable (503) after the retries

@@ -32,7 +32,8 @@ def default_endpoints(config: Path = CONFIG_FILE) -> Endpoints:
     except OSError as exc:
         raise UsageError(f"{config}: cannot read ({exc.strerror}); pass --url or --config") from None
     except SettingsError as exc:
-        raise UsageError(f"{config}: {exc}; pass --url") from None
+        where = "" if str(exc).startswith(str(config)) else f"{config}: "
+        raise UsageError(f"{where}{exc}; pass --url") from None
 
 
 def auth_error(token: Token, where: str) -> AuthError:
