@@ -8,11 +8,11 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 from urllib.parse import urlsplit
 
 from settings import CONFIG_FILE, MODEL_NAME
+from torchserve_api.retry import RetryPolicy
 from torchserve_api.transport import default_endpoints
 
 from .answers import Result
 from .errors import ClientError, UsageError
-from .retry import RetryPolicy
 from .tokens import Token
 
 PROTOCOLS = ("rest", "grpc", "v1", "v2")
@@ -68,7 +68,7 @@ class EmbeddingClient:
     ``protocol``: ``rest`` (TorchServe /predictions), ``grpc`` (TorchServe gRPC), ``v1``/``v2``
     (KServe). ``url``: the inference base URL (``host:port`` for gRPC); defaults come from
     config.properties. Failures raise the typed errors of :mod:`client.errors`; connection failures
-    and 503 are retried ``retries`` times with exponential backoff (``backoff`` seconds; see :mod:`client.retry`).
+    and 503 are retried ``retries`` times with exponential backoff (``backoff`` seconds; see :mod:`torchserve_api.retry`).
     """
 
     def __init__(self, url: str | None = None, *, protocol: str = "rest", model: str = MODEL_NAME,

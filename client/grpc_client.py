@@ -20,12 +20,12 @@ import grpc
 from google.protobuf import empty_pb2
 
 from handler.requests import EMBEDDING_OPTION
+from torchserve_api.retry import RetryPolicy
 from torchserve_api.transport import auth_error, is_loopback
 
 from . import protos
 from .answers import Result, as_answer, predict_each
 from .errors import BadImageError, ClientError, ConnectionFailed, ModelNotFoundError, RequestTimeout, ServerError
-from .retry import RetryPolicy
 from .tokens import Token
 
 #: Above TorchServe's max_request_size (8 MiB), so the server, not the client, decides what is too large.

@@ -34,7 +34,7 @@ from client import (
 )
 from client.answers import as_answer
 from client.rest import auth_error
-from client.retry import RetryPolicy
+from torchserve_api.retry import RetryPolicy
 from settings import REPO
 from support.http import send_json
 
