@@ -143,10 +143,10 @@ def knn_accuracy(train_emb: np.ndarray, train_labels: np.ndarray, test_emb: np.n
 
 
 def train_model(
-    train_x: np.ndarray,
-    train_y: np.ndarray,
-    test_x: np.ndarray,
-    test_y: np.ndarray,
+    train_inputs: np.ndarray,
+    train_labels: np.ndarray,
+    test_inputs: np.ndarray,
+    test_labels: np.ndarray,
     n_classes: int,
     config: TrainConfig,
     k: int,
@@ -167,11 +167,11 @@ def train_model(
     head = ArcFaceHead(config.embedding_dim, n_classes, config.arcface_scale, config.arcface_margin)
     params = list(model.parameters()) + list(head.parameters())
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    steps_per_epoch = math.ceil(len(train_x) / config.batch_size)
+    steps_per_epoch = math.ceil(len(train_inputs) / config.batch_size)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=config.lr, total_steps=max(1, config.epochs * steps_per_epoch), pct_start=0.2
     )
-    x_all, y_all = torch.from_numpy(train_x), torch.from_numpy(train_y)
+    x_all, y_all = torch.from_numpy(train_inputs), torch.from_numpy(train_labels)
     negatives = torch.from_numpy(profile.normalize(synthetic_negatives(config.negatives or 0, seed=config.seed + 1)))
     per_batch = round(config.batch_size * config.negative_share) if len(negatives) else 0
     printed_x, printed_y = printed_digits(config.printed or 0, seed=config.seed + 2)
@@ -181,8 +181,9 @@ def train_model(
     # The per-epoch curve embeds a fixed sample of the training images as its gallery (all of them in the last
     # epoch): embedding 60,000 images every epoch cost about a third of a Fashion-MNIST epoch on two cores. Its own
     # RNG, so the training draws stay the same.
-    probe_gallery = (np.sort(np.random.default_rng(config.seed).choice(len(train_x), CURVE_GALLERY, replace=False))
-                     if len(train_x) > CURVE_GALLERY else slice(None))
+    n_train = len(train_inputs)
+    probe_gallery = (np.sort(np.random.default_rng(config.seed).choice(n_train, CURVE_GALLERY, replace=False))
+                     if n_train > CURVE_GALLERY else slice(None))
     started = time.perf_counter()
     for epoch in range(1, config.epochs + 1):
         model.train()
@@ -215,10 +216,11 @@ def train_model(
             seen += len(idx)
             bar.set_postfix(loss=f"{total / seen:.4f}")
         gallery = probe_gallery if epoch < config.epochs else slice(None)
-        accuracy = knn_accuracy(embed(model, train_x[gallery]), train_y[gallery], embed(model, test_x), test_y, k)
+        accuracy = knn_accuracy(embed(model, train_inputs[gallery]), train_labels[gallery], embed(model, test_inputs),
+                                test_labels, k)
         elapsed = time.perf_counter() - started
         history.epochs.append({"epoch": epoch, "loss": total / seen, "knn_accuracy": accuracy, "seconds": elapsed,
-                               "gallery": int(len(train_y[gallery]))})
+                               "gallery": int(len(train_labels[gallery]))})
         log(f"epoch {epoch:3d}/{config.epochs}  loss {total / seen:.4f}  held-out kNN accuracy {accuracy:.4f}  ({elapsed:.1f}s)")
     history.seconds = time.perf_counter() - started
     model = model.to(memory_format=torch.contiguous_format)

@@ -309,11 +309,11 @@ def test_evaluate_confusion_matrix_matches_accuracy(tiny_artifacts, tiny_embeddi
 def small_run(prepared_sample, seed: int, precision: str = "fp32") -> tuple[EmbeddingNet, np.ndarray]:
     """One epoch on 512 train / 256 test canvases; returns the model and its test embeddings."""
     config = TrainConfig(epochs=1, embedding_dim=16, width=8, seed=seed, precision=precision)
-    test_x = prepared_sample.inputs("test")[:256]
-    model, history = train_model(prepared_sample.inputs("train")[:512], prepared_sample.train_labels[:512], test_x,
+    test_inputs = prepared_sample.inputs("test")[:256]
+    model, history = train_model(prepared_sample.inputs("train")[:512], prepared_sample.train_labels[:512], test_inputs,
                                  prepared_sample.test_labels[:256], len(prepared_sample.classes), config, 5, quiet)
     assert [h["epoch"] for h in history.epochs] == [1]
-    return model, embed(model, test_x)
+    return model, embed(model, test_inputs)
 
 
 def test_training_is_deterministic_for_a_seed(prepared_sample):
