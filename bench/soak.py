@@ -225,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     target.add_argument("--url", help="inference address of a running TorchServe, e.g. http://127.0.0.1:8080")
     target.add_argument("--model-store", type=Path, help="start a TorchServe of our own from this model store")
     p.add_argument("--key-file", type=Path, help="key_file.json of the running TorchServe (token authorization)")
-    p.add_argument("--model", default=MODEL_NAME)
+    p.add_argument("--model-name", default=MODEL_NAME, help="model name (default: %(default)s)")
     p.add_argument("--pid", type=int, help="frontend pid (default: the process listening on the URL's port)")
     p.add_argument("--concurrency", type=int, default=16, help="client threads")
     p.add_argument("--window-s", type=float, default=10.0)
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.model_store:
             workdir = args.out.resolve() / "torchserve"  # its logs stay beside the results
-            instance = replace(private_instance(workdir), model_name=args.model)
+            instance = replace(private_instance(workdir), model_name=args.model_name)
             seconds = start(instance, args.model_store.resolve())
             print(f"soak: TorchServe READY in {seconds:.1f}s ({workdir})", flush=True)
             url, token = instance.endpoints.inference, instance.keys().get("inference")
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             url = args.url
             token = from_key_file(args.key_file, "inference").value if args.key_file else None
         pid = args.pid or frontend_pid(url)
-        client = EmbeddingClient(url, model=args.model, token=token, timeout=args.timeout_s, retries=0)
+        client = EmbeddingClient(url, model=args.model_name, token=token, timeout=args.timeout_s, retries=0)
         images = [user_digit_png(canvas) for canvas in held_out_digits()]
         started = datetime.now(UTC).isoformat(timespec="seconds")
         began = time.monotonic()
