@@ -1,40 +1,14 @@
-"""bench's tests use the project's test fixtures (a tiny trained model, its archive, a real TorchServe).
-
-The project's tests/conftest.py is loaded under another module name and its fixtures are re-exported here, so
-`pytest bench/tests` works on its own and tests/ never has to know about bench. The helper modules in
-tests/support are importable the way the project's tests import them (`from support.x import y`).
-"""
+"""bench's own test helpers. The project's fixtures (a tiny trained model, its archive, a real TorchServe) and
+markers come from the repository's root conftest.py, shared with tests/, so the whole suite builds them once."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-PROJECT_TESTS = Path(__file__).resolve().parents[2] / "tests"
-sys.path.insert(0, str(PROJECT_TESTS))  # `support`, as tests/conftest.py makes it importable
-
-
-def _load_project_conftest():
-    spec = importlib.util.spec_from_file_location("project_conftest", PROJECT_TESTS / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_project = _load_project_conftest()
-
-prepared_sample = _project.prepared_sample
-tiny_artifacts = _project.tiny_artifacts
-model_store = _project.model_store
-torchserve = _project.torchserve
-
-BENCH_TESTS = Path(__file__).resolve().parent
 
 
 def raw_fields(value: Any, path: str = "") -> list[str]:
@@ -73,11 +47,3 @@ def written() -> Callable[..., dict[str, Any]]:
 
     return check
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """bench's tests get the project's markers (unit / integration by directory, serving by fixture); when
-    tests/conftest.py is loaded too (the whole suite), its own hook has already marked every item."""
-    project_file = str(PROJECT_TESTS / "conftest.py")
-    if any(getattr(plugin, "__file__", None) == project_file for plugin in config.pluginmanager.get_plugins()):
-        return
-    _project.pytest_collection_modifyitems([item for item in items if BENCH_TESTS in Path(str(item.fspath)).parents])

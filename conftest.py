@@ -1,4 +1,8 @@
-"""Shared, session-scoped fixtures: one tiny trained model, its archive, and a real TorchServe."""
+"""Shared, session-scoped fixtures for tests/ and bench/tests: one tiny trained model, its archive, a real
+TorchServe, and the markers every test gets from its directory and fixtures.
+
+It sits at the repository root so that the whole suite builds each session fixture once, whichever of the two
+trees asks for it first."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # for the helper modules beside the tests
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # `support`: the helpers beside the tests
 
 import torch  # noqa: E402
 
