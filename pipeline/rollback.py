@@ -14,6 +14,7 @@ import argparse
 import sys
 from typing import Any
 
+from cli_common import positive_seconds
 from settings import MODEL_NAME
 
 from .gate import ANNOTATIONS
@@ -28,16 +29,6 @@ class RollbackError(Exception):
     """One-line reason the rollback did not start."""
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `rollback` subcommand's options."""
     parser.add_argument("--to", required=True, metavar="VERSION", help="a model version the deploy record lists")
@@ -45,9 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-name", default="", help="InferenceService name (default: derived from "
                                                              "--model-name)")
     parser.add_argument("--model-name", default=MODEL_NAME, help="model name the service name derives from")
-    parser.add_argument("--timeout", type=_positive_seconds, default=600.0, metavar="S",
+    parser.add_argument("--timeout", type=positive_seconds, default=600.0, metavar="S",
                         help="seconds to wait for the rolled-back revision to serve")
-    parser.add_argument("--poll", type=_positive_seconds, default=5.0, metavar="S", help=argparse.SUPPRESS)
+    parser.add_argument("--poll", type=positive_seconds, default=5.0, metavar="S", help=argparse.SUPPRESS)
 
 
 def rollback(version: str, namespace: str, service: str, timeout_s: float = 600.0, poll_s: float = 5.0,
