@@ -6,6 +6,7 @@
 # installed on demand by scripts/rabbitmq.sh. fonts-dejavu-core gives training its printed digits and non-digit
 # glyphs; fonts-liberation and fonts-freefont-ttf render the printed digits the product-quality tests check;
 # dataset-fashion-mnist is the open-set exam of the digit model and the second dataset (full-frame profile).
+# chromium opens the HTML model report in the report test (a real headless browser).
 # Installs only what is missing, as root.
 set -euo pipefail
 missing=()
@@ -20,6 +21,7 @@ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || 
 [ -d /usr/share/fonts/truetype/liberation ] || missing+=(fonts-liberation)  # the printed-digit exam
 [ -d /usr/share/fonts/truetype/freefont ] || missing+=(fonts-freefont-ttf)
 [ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)  # the open-set exam, the second dataset
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # renders the HTML report in its test
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${missing[*]}; install with: sudo apt-get install ${missing[*]}" >&2
