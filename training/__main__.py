@@ -1,8 +1,9 @@
 """python -m training: train the embedding model and build its FAISS gallery into --out.
 
-Subcommands (python -m training eval --help, python -m training enroll --help):
+Subcommands (python -m training eval --help, python -m training enroll --help, python -m training report --help):
   eval    open-set figures of built artifacts (AUROC, share of unknowns flagged, digits accepted, accuracy)
   enroll  add labelled images (NEW/<label>/*.png) to a copy of built artifacts without retraining
+  report  one self-contained HTML page showing what built artifacts do on their held-out split
 """
 
 from __future__ import annotations
@@ -188,12 +189,75 @@ def enroll_main(argv: list[str]) -> int:
     return 0
 
 
+def _report_ood(text: str) -> list[str]:
+    return [] if text.strip() == "none" else _ood_list(text)
+
+
+def parse_report_args(argv: list[str]) -> argparse.Namespace:
+    from .evaluate import FASHION_DIR
+    from .report import DEFAULT_OOD, DEFAULT_OOD_IMAGES
+
+    p = Parser(prog="python -m training report",
+               description="One self-contained HTML page (images inline, no scripts) showing what built artifacts "
+                           "do on their held-out split, as served: the confusion matrix, the worst errors and the "
+                           "rejected images with their nearest gallery images, the open-set score histogram.")
+    p.add_argument("artifacts", type=Path, metavar="ARTIFACTS", help="artifact folder (only read)")
+    p.add_argument("--out", type=Path, default=Path("report.html"), metavar="FILE.html",
+                   help="the page, written atomically")
+    p.add_argument("--data-source", type=_data_source, default=None, metavar="SOURCE",
+                   help=f"source of the held-out split (default: the one metadata.json records, else "
+                        f"{DEFAULT_DATA_SOURCE})")
+    p.add_argument("--ood", type=_report_ood, default=list(DEFAULT_OOD),
+                   help="unknown sets drawn in the histogram, comma-separated, or none (a missing one is noted)")
+    p.add_argument("--ood-images", type=positive_int, default=DEFAULT_OOD_IMAGES,
+                   help="images per unknown set in the histogram")
+    p.add_argument("--fashion-dir", type=Path, default=FASHION_DIR, help="Fashion-MNIST IDX folder")
+    _common(p)
+    return p.parse_args(argv)
+
+
+def report_main(argv: list[str]) -> int:
+    """python -m training report: write the page, print one line saying where; one error line otherwise."""
+    import shlex
+    import time
+
+    import torch
+
+    from handler.artifacts import ArtifactError
+
+    from .data import DataError
+    from .report import ReportError, build_report, write_atomically
+
+    prog = "training report"
+    args = parse_report_args(argv)
+    try:
+        input_dir(args.artifacts, "ARTIFACTS")
+        output_file(args.out, "--out")
+    except UsageError as exc:
+        return fail(f"python -m {prog}", exc, EXIT_USAGE)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    try:
+        page = build_report(args.artifacts, args.data_source, args.ood, args.fashion_dir, args.ood_images,
+                            command=shlex.join(["python", "-m", "training", "report", *argv]),
+                            cache_dir=args.cache_dir, log=lambda line: print(f"{prog}: {line}", file=sys.stderr))
+        write_atomically(page, args.out)
+    except (ReportError, ArtifactError, DataError, ValueError, OSError) as exc:
+        return fail(prog, exc)
+    except KeyboardInterrupt:
+        return fail(prog, "interrupted", EXIT_INTERRUPTED)
+    print(f"wrote {args.out} ({len(page.encode()) / 1024:.0f} KiB) in {time.perf_counter() - started:.1f}s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["eval"]:
         return eval_main(argv[1:])
     if argv[:1] == ["enroll"]:
         return enroll_main(argv[1:])
+    if argv[:1] == ["report"]:
+        return report_main(argv[1:])
     args = parse_args(argv)
     try:
         output_dir(args.out, "--out")
