@@ -9,7 +9,10 @@ during training, goes through :func:`to_canvas`, so train and serve cannot drift
    28x28 canvas so that its centre of mass sits at the centre, as MNIST was made,
 
 then :func:`normalize` scales it with the MNIST statistics into the float tensor the
-model takes. That is the ``digits`` profile. The ``full-frame`` profile (:func:`to_full_frame`) is
+model takes. That is the ``digits`` profile. Its version 2 (:func:`to_canvas_v2`) first sends photos and scans,
+whose background is not one flat level, through handler/photo.py: the light is divided out, the digit is found
+among paper edges, shadows and table, and only its ink reaches steps 2-3; a clean picture (MNIST, a drawing, a
+rendered digit) gets version 1's canvas bit for bit. The ``full-frame`` profile (:func:`to_full_frame`) is
 for centred 28x28 pictures such as Fashion-MNIST, whose outline and size carry the class: it keeps
 the whole frame (fitted into 28x28, aspect kept) and only turns a light background dark. A
 model's metadata.json records its profile and version (:data:`PROFILES`); the handler applies the
@@ -29,9 +32,8 @@ luma that ``convert("L")`` computes from the decoded RGB up to that RGB's roundi
 moves by at most one level (more only where RGB clips). The tensor is then exactly the one the
 old path gives for that gray image: identical for most photos, a level or two off where the
 brightest pixel moved, more where a pixel at the ink threshold moves the crop.
-tests/test_preprocessing_fast.py pins this down and bench.preprocess measures held-out accuracy
-both ways. Training from arrays, PNG and every other format give the same tensors as before, so
-PREPROCESSING_VERSION stays.
+tests/unit/test_preprocessing_fast.py pins this down and bench.preprocess measures held-out accuracy
+both ways.
 """
 
 from __future__ import annotations
@@ -43,9 +45,12 @@ from typing import Any, Callable, Mapping, Union
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-#: Bumped whenever the output of this module changes; stored in metadata.json and
-#: checked by the handler, so a model is never served with another preprocessing.
-PREPROCESSING_VERSION = "1"
+from . import photo
+
+#: Bumped whenever the output of the digits profile changes; stored in metadata.json and checked by the handler,
+#: so a model is never served with another preprocessing. Version 2 added the photo path (:func:`to_canvas_v2`);
+#: models built with version 1 keep being served with version 1 (:data:`DIGITS_V1`).
+PREPROCESSING_VERSION = "2"
 
 CANVAS = 28
 BOX = 20
@@ -249,6 +254,18 @@ def _canvas_from_uint8(gray: np.ndarray) -> np.ndarray:
     return _place(levels.take(band[rows[0] : rows[-1] + 1]))
 
 
+def to_canvas_v2(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Version 2 of the digits canvas: photos and scans (no flat background: noise, grain, lighting, shadow, table)
+    have their light removed and their digit found first (handler/photo.py); clean pictures get version 1's canvas."""
+    gray = _gray_array(image, max_pixels)
+    if photo.flat_background(gray):
+        canvas = _canvas_from_uint8(gray) if gray.dtype == np.uint8 else _fit_and_centre(_to_mnist_polarity(gray))
+        return np.round(canvas * 255.0).astype(np.uint8)
+    ink = photo.digit_ink(gray)
+    canvas = np.zeros((CANVAS, CANVAS), np.float32) if ink is None else _place(ink)
+    return np.round(canvas * 255.0).astype(np.uint8)
+
+
 def is_blank(tensor: np.ndarray) -> bool:
     """True for the model input of an image without any ink (uniform, or nothing above the threshold)."""
     return bool(np.ptp(tensor) == 0)  # every real stroke leaves some pixel above the background
@@ -331,11 +348,17 @@ class Profile:
                 "canvas": CANVAS, **({} if self.box is None else {"box": self.box})}
 
 
-#: Digits as MNIST was made (crop to content, 20x20 box, centre of mass); MNIST statistics.
-DIGITS = Profile("digits", PREPROCESSING_VERSION, to_canvas, MEAN, STD, BOX)
+#: Digits as MNIST was made (crop to content, 20x20 box, centre of mass); MNIST statistics. Photos and scans have
+#: their light removed and their digit found first (handler/photo.py).
+DIGITS = Profile("digits", PREPROCESSING_VERSION, to_canvas_v2, MEAN, STD, BOX)
+#: The digits profile before the photo path, for models built with it.
+DIGITS_V1 = Profile("digits", "1", to_canvas, MEAN, STD, BOX)
 #: Whole frame kept; the customary Fashion-MNIST training-set statistics.
 FULL_FRAME = Profile("full-frame", "1", to_full_frame, 0.2860, 0.3530)
+#: The profile new models are built with, by name.
 PROFILES = {profile.name: profile for profile in (DIGITS, FULL_FRAME)}
+#: Every profile the handler serves, by (name, version).
+SERVED = {(profile.name, profile.version): profile for profile in (DIGITS, DIGITS_V1, FULL_FRAME)}
 
 
 class ProfileError(ValueError):
@@ -347,11 +370,12 @@ def profile_of(metadata: Mapping[str, Any]) -> Profile:
     ``digits``; an unknown name or another version raises ProfileError (one line)."""
     recorded = metadata.get("preprocessing") or {}
     name = recorded.get("profile", DIGITS.name)
-    profile = PROFILES.get(name)
-    if profile is None:
+    if name not in PROFILES:
         raise ProfileError(f"artifacts were built with preprocessing profile {name!r}, this handler implements "
                            f"{', '.join(repr(p) for p in PROFILES)}")
-    if recorded.get("version") != profile.version:
+    profile = SERVED.get((name, recorded.get("version")))
+    if profile is None:
+        versions = ", ".join(repr(v) for n, v in SERVED if n == name)
         raise ProfileError(f"artifacts were built with {name} preprocessing version {recorded.get('version')!r}, "
-                           f"this handler implements {profile.version!r}")
+                           f"this handler implements {versions}")
     return profile

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from handler.artifacts import METADATA_FILE, sha256_file, verify_artifacts
+from handler.preprocessing import DIGITS
 from handler.service import EmbeddingService
 from serving.archive import build_mar
 from training.__main__ import main as training_main
@@ -198,4 +199,4 @@ def test_artifacts_from_before_profiles_are_digits_and_accepted(tmp_path, tiny_a
     meta = json.loads((art / METADATA_FILE).read_text())
     del meta["preprocessing"]["profile"]
     (art / METADATA_FILE).write_text(json.dumps(meta))
-    assert check_artifacts(art)["preprocessing"]["version"] == "1"
+    assert check_artifacts(art)["preprocessing"]["version"] == DIGITS.version

@@ -9,6 +9,7 @@ own tensor of that gray image; on photos of digits the answers are v1's.
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +22,13 @@ from support.photos import REQUEST_SCALE, photo_jpeg
 from support import preprocess_v1 as v1
 
 from serving.samples import user_digit_png
-from handler import preprocessing as fast
+from handler import preprocessing
+
+#: Version 1 of the digits profile as the handler implements it today (it serves models built with version 1).
+fast = SimpleNamespace(preprocess=preprocessing.DIGITS_V1.preprocess,
+                       canvases_from_arrays=preprocessing.DIGITS_V1.canvases_from_arrays,
+                       to_canvas=preprocessing.to_canvas, decode_image=preprocessing.decode_image,
+                       InvalidImageError=preprocessing.InvalidImageError)
 
 
 def outcome(module, data) -> tuple[str, object]:

@@ -20,6 +20,7 @@ from handler.embedding_handler import EmbeddingHandler
 from handler.preprocessing import (
     CANVAS,
     DIGITS,
+    DIGITS_V1,
     FULL_FRAME,
     PROFILES,
     InvalidImageError,
@@ -100,7 +101,8 @@ def test_a_blank_image_is_a_blank_tensor_in_both_profiles():
 
 
 def test_profile_of_reads_metadata_and_refuses_what_it_does_not_implement():
-    assert profile_of({"preprocessing": {"version": "1"}}) is DIGITS  # metadata from before profiles
+    assert profile_of({"preprocessing": {"version": "1"}}) is DIGITS_V1  # metadata from before profiles
+    assert profile_of({"preprocessing": DIGITS.record()}) is DIGITS
     assert profile_of({"preprocessing": FULL_FRAME.record()}) is FULL_FRAME
     with pytest.raises(ProfileError, match="profile 'sketches'"):
         profile_of({"preprocessing": {"profile": "sketches", "version": "1"}})

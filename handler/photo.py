@@ -1,0 +1,173 @@
+"""Photos and scans of digits on paper: remove the light, find the digit, hand its ink to the digits canvas.
+
+A photo of a digit on paper is not a clean picture: the light falls off across the sheet, corners darken, a hand
+or a phone casts a shadow, the table shows at the edges, and the camera adds noise, blur and JPEG blocks. Cropping
+"to the content" (digits preprocessing version 1) then crops to the lighting. This module, used by version 2:
+
+1. estimates the paper's brightness at every pixel with a morphological closing (a window wider than any pen
+   stroke keeps the paper and removes the ink; unlike a blur it keeps the sharp edge of a shadow or of the sheet)
+   and divides it out, so every pixel becomes "how much darker than its own paper" (0 on paper and on the table,
+   whatever the light);
+2. thresholds that ink map above the camera's noise, labels its connected components (scipy.ndimage) and keeps the
+   digit: the heaviest component that does not touch the frame (paper edges, table, shadows do), with the
+   fragments close to it (a 5's bar, a broken pencil line);
+3. returns the ink of that box only, scaled 0..1 and zero elsewhere, which the digits profile then fits and centres
+   exactly as it does for MNIST.
+
+:func:`flat_background` decides whether an image needs this: a clean picture (one background level, as MNIST, a
+drawing or a rendered digit) keeps the version 1 path bit for bit, so models see the same canvases for clean inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+from scipy import ndimage
+
+#: Images are analysed at most this many pixels on their longer side (the digit ends up 20 pixels high).
+WORK_SIDE = 512
+#: The paper estimate's window, as a share of the longer side: wider than the strokes of a digit as large as 60% of
+#: the frame; wider strokes are measured and the estimate redone with a window to match (:func:`digit_ink`).
+WINDOW_SHARE = 0.1
+#: A picture whose most common level covers this share of its pixels has a flat background (version 1's path).
+FLAT_SHARE = 0.5
+#: Ink is what is darker than its paper by more than this share of the darkest stroke...
+INK_SHARE = 0.3
+#: ...and by more than this many noise deviations (the noise estimated from the ink map's median absolute deviation).
+NOISE_SIGMAS = 6.0
+#: Nothing is a digit unless its darkest stroke is this much darker than its paper (the faintest pencil is about 0.3).
+MIN_CONTRAST = 0.15
+#: Fragments kept beside the digit: within this share of the digit's box size, at least this share of its mass.
+NEAR_SHARE = 0.35
+MIN_FRAGMENT = 0.03
+#: The digit's box holds the ink above this share of its strongest stroke (preprocessing.INK_THRESHOLD's value).
+BOX_INK = 0.2
+
+
+def _work_image(gray: np.ndarray) -> np.ndarray:
+    """float32 copy of a 2-D grayscale image, shrunk (box filter) to at most WORK_SIDE on its longer side."""
+    h, w = gray.shape
+    picture = Image.fromarray(np.ascontiguousarray(gray, dtype=np.float32), "F")
+    scale = WORK_SIDE / max(h, w)
+    if scale < 1:
+        picture = picture.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.BOX)
+    return np.asarray(picture, dtype=np.float32)
+
+
+def _light_background(gray: np.ndarray) -> bool:
+    """Whether the sheet is lighter than the strokes: the median of the frame's central quarter (where the sheet is,
+    whatever the table around it) lies in the upper half of the image's range."""
+    h, w = gray.shape
+    centre = gray[h // 4 : h - h // 4 or h, w // 4 : w - w // 4 or w]
+    lo, hi = np.percentile(gray[::2, ::2], (0.5, 99.5))
+    return float(np.median(centre[::2, ::2])) > (lo + hi) / 2
+
+
+def window(shape: tuple[int, int], share: float = WINDOW_SHARE) -> int:
+    """The paper estimate's window in pixels (odd) for an image of this shape."""
+    return max(3, int(round(share * max(shape))) | 1)
+
+
+def background(work: np.ndarray, light: bool, size: int | None = None) -> np.ndarray:
+    """The background's brightness at every pixel: a closing (light paper) or opening (dark board) of the lightly
+    smoothed image, which removes anything narrower than the window and keeps the edges of wider regions."""
+    size = size or window(work.shape)
+    smooth = ndimage.gaussian_filter(work, 1.0)
+    return ndimage.grey_closing(smooth, size=size) if light else ndimage.grey_opening(smooth, size=size)
+
+
+def flat_background(gray: np.ndarray) -> bool:
+    """True for a picture whose background is one exact level over most of it (MNIST, a drawing, a rendered
+    digit, a clean export): it keeps version 1's canvas bit for bit. Photos and scans have noise, grain and light,
+    so no single level covers half of them; they go through :func:`digit_ink`."""
+    if gray.dtype == np.uint8:
+        counts = np.bincount(gray.ravel(), minlength=256)
+    else:
+        lo, hi = float(gray.min()), float(gray.max())
+        if hi - lo < 1e-6:
+            return True
+        counts = np.bincount(np.round((gray.ravel() - lo) * (255.0 / (hi - lo))).astype(np.int64), minlength=256)
+    return bool(counts.max() >= FLAT_SHARE * gray.size)
+
+
+def ink_map(work: np.ndarray, size: int | None = None) -> np.ndarray:
+    """How much darker (light paper) or brighter (dark board) than its own background each pixel is, 0..1."""
+    light = _light_background(work)
+    estimate = background(work, light, size)
+    if light:
+        return np.clip(1.0 - work / np.maximum(estimate, 1.0), 0.0, 1.0)
+    top = max(float(work.max() - estimate.min()), 1e-6)
+    return np.clip((work - estimate) / top, 0.0, 1.0)
+
+
+def digit_ink(gray: np.ndarray) -> np.ndarray | None:
+    """The digit of a photo or scan as a float32 crop of its ink (0 background, 1 the strongest stroke), or None
+    when nothing stands out of the noise."""
+    work = _work_image(gray)
+    size = window(work.shape)
+    found = _find_digit(ink_map(work, size))
+    if found is None:
+        return None
+    strokes, width = found
+    if 2 * width > size:  # strokes over half the window wide: the paper estimate ate into them; widen it
+        found = _find_digit(ink_map(work, min(window(work.shape, 1.0), int(round(2.5 * width)) | 1)))
+        strokes = found[0] if found is not None else strokes
+    return strokes
+
+
+def _find_digit(ink: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """The digit's ink crop (0..1) and its stroke width in pixels, from an ink map; None without ink."""
+    smooth = ndimage.gaussian_filter(ink, 0.8)
+    peak = float(smooth.max())
+    sample = smooth[::3, ::3]  # the paper's level and noise in the ink map: median and median absolute deviation
+    paper = float(np.median(sample))
+    noise = 1.4826 * float(np.median(np.abs(sample - paper)))
+    if peak - paper < MIN_CONTRAST:
+        return None
+    level = max(INK_SHARE * peak, paper + NOISE_SIGMAS * noise)
+    if level >= peak:
+        return None
+    labels, count = ndimage.label(smooth > level, structure=np.ones((3, 3)))
+    if count == 0:
+        return None
+    index = np.arange(1, count + 1)
+    mass = ndimage.sum_labels(smooth, labels, index)
+    boxes = ndimage.find_objects(labels)
+    h, w = labels.shape
+    inner = np.array([box[0].start > 0 and box[1].start > 0 and box[0].stop < h and box[1].stop < w
+                      for box in boxes])
+    candidates = np.flatnonzero(inner) if inner.any() else np.arange(count)
+    main = int(candidates[np.argmax(mass[candidates])])
+    top, bottom = boxes[main][0].start, boxes[main][0].stop
+    left, right = boxes[main][1].start, boxes[main][1].stop
+    keep = {main}
+    grown = True
+    while grown:  # take in fragments near the box, which then grows
+        grown = False
+        reach = NEAR_SHARE * max(bottom - top, right - left)
+        for i in candidates:
+            if i in keep or mass[i] < MIN_FRAGMENT * mass[main]:
+                continue
+            rows, cols = boxes[i]
+            if (rows.start < bottom + reach and rows.stop > top - reach
+                    and cols.start < right + reach and cols.stop > left - reach):
+                keep.add(int(i))
+                top, bottom = min(top, rows.start), max(bottom, rows.stop)
+                left, right = min(left, cols.start), max(right, cols.stop)
+                grown = True
+    mask = np.isin(labels[top:bottom, left:right], np.array(sorted(keep)) + 1)
+    edge = np.count_nonzero(mask & ~ndimage.binary_erosion(mask, border_value=0))
+    width = 2.0 * np.count_nonzero(mask) / max(edge, 1)  # a stroke of width w and length L: area wL, outline 2L
+    # The strokes' soft edges lie below the threshold: keep the ink within a stroke's width of the chosen parts.
+    pad = max(1, int(round(0.5 * width)))
+    top, left = max(0, top - pad), max(0, left - pad)
+    bottom, right = min(h, bottom + pad), min(w, right + pad)
+    near = ndimage.distance_transform_edt(~np.isin(labels[top:bottom, left:right], np.array(sorted(keep)) + 1)) <= pad
+    strokes = ink[top:bottom, left:right] * near
+    floor = paper + 3.0 * noise
+    strongest = float(np.percentile(strokes[near], 99))
+    crop = np.clip((strokes - floor) / max(strongest - floor, 1e-6), 0.0, 1.0).astype(np.float32)
+    # The box as version 1 takes it on a clean picture: where the ink is above a fifth of its range.
+    rows, cols = np.flatnonzero(crop.max(axis=1) > BOX_INK), np.flatnonzero(crop.max(axis=0) > BOX_INK)
+    crop = crop[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1] if rows.size else crop
+    return crop, width

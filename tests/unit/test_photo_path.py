@@ -1,0 +1,111 @@
+"""Digits preprocessing version 2: photos and scans have their light removed and their digit found
+(handler/photo.py); clean pictures keep version 1's canvas bit for bit; version 1 models keep version 1."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+from support.photo_set import photo_exam
+
+from handler import photo
+from handler.preprocessing import DIGITS, DIGITS_V1, SERVED, is_blank, profile_of, to_canvas, to_canvas_v2
+from training.data import load_dataset
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return load_dataset("mnist-sample")
+
+
+def jpeg(gray: np.ndarray, quality: int = 85) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(gray, 0, 255).astype(np.uint8), "L").save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def on_paper(digit: np.ndarray, size: tuple[int, int] = (480, 640), ramp: float = 35.0, noise: float = 3.0,
+             seed: int = 0, side: int = 200, at: tuple[int, int] = (140, 220)) -> np.ndarray:
+    """A 28x28 light-on-black digit as dark ink on paper lit by a ramp of `ramp` grey levels, with sensor noise."""
+    rng = np.random.default_rng(seed)
+    h, w = size
+    paper = 235 - ramp * np.linspace(0, 1, w)[None, :] + rng.normal(0, noise, (h, w))
+    ink = np.asarray(Image.fromarray(digit).resize((side, side), Image.Resampling.BICUBIC), np.float32) / 255
+    y, x = at
+    paper[y:y + side, x:x + side] = paper[y:y + side, x:x + side] * (1 - 0.85 * ink)
+    return paper
+
+
+def similarity(a: np.ndarray, b: np.ndarray) -> float:
+    """Correlation of two canvases."""
+    return float(np.corrcoef(a.ravel().astype(float), b.ravel().astype(float))[0, 1])
+
+
+def test_clean_pictures_keep_version_1_bit_for_bit(sample):
+    """Every MNIST image (what training reads) and a rendered PNG take version 1's path: same canvases, so a
+    clean input is answered as before and the model trains on the same data."""
+    images = np.concatenate([sample.train_images[::4], sample.test_images])
+    assert np.array_equal(DIGITS.canvases_from_arrays(images), DIGITS_V1.canvases_from_arrays(images))
+    drawn = Image.new("L", (120, 90), 255)
+    ImageDraw.Draw(drawn).line([(30, 20), (60, 70), (90, 20)], fill=0, width=7)
+    buf = io.BytesIO()
+    drawn.save(buf, "PNG")
+    assert np.array_equal(to_canvas_v2(buf.getvalue()), to_canvas(buf.getvalue()))
+
+
+def test_a_lighting_ramp_is_removed_and_the_digit_found(sample):
+    """Version 1 crops to the ramp (the ramp is "content"); version 2 gives the digit's own canvas."""
+    digit = sample.test_images[3]
+    clean = to_canvas(digit)
+    body = jpeg(on_paper(digit, ramp=35))
+    assert similarity(to_canvas(body), clean) < 0.5
+    assert similarity(to_canvas_v2(body), clean) > 0.85
+
+
+def test_a_table_at_the_edge_and_a_shadow_edge_are_not_the_digit(sample):
+    digit = sample.test_images[7]
+    clean = to_canvas(digit)
+    scene = on_paper(digit, ramp=20)
+    scene[:, :60] = 70  # the table beside the sheet
+    scene[:, 560:] *= 0.6  # a shadow across the right of the sheet
+    assert similarity(to_canvas_v2(jpeg(scene)), clean) > 0.85
+
+
+def test_an_empty_sheet_under_uneven_light_is_blank():
+    """No digit: nothing stands out of the noise, so the canvas is blank and the service answers unknown."""
+    for seed in range(3):
+        body = jpeg(on_paper(np.zeros((28, 28), np.uint8), ramp=50, noise=4, seed=seed), quality=60)
+        assert is_blank(DIGITS.preprocess(body))
+
+
+def test_light_strokes_on_a_dark_board_are_found(sample):
+    digit = sample.test_images[11]
+    board = 255 - on_paper(digit, ramp=30)  # chalk on a board lit unevenly
+    assert similarity(to_canvas_v2(jpeg(board)), to_canvas(digit)) > 0.85
+
+
+def test_photo_exam_items_give_the_clean_canvas_of_their_digit(sample):
+    """A few items of the photo exam (tests/support/photo_set.py): most canvases match the clean one closely."""
+    digits, labels = sample.test_images[:40:4], sample.test_labels[:40:4]
+    items = photo_exam(digits, labels, seed=3)
+    scores = [similarity(to_canvas_v2(item.body), to_canvas(d)) for item, d in zip(items, digits)]
+    assert np.median(scores) > 0.85, scores
+
+
+def test_version_1_models_are_served_with_version_1_and_unknown_versions_refused():
+    assert profile_of({"preprocessing": {"profile": "digits", "version": "1"}}) is DIGITS_V1
+    assert profile_of({"preprocessing": DIGITS.record()}) is DIGITS
+    assert DIGITS.version == "2" and ("digits", "1") in SERVED
+    with pytest.raises(ValueError, match="digits preprocessing version '3'.*'2', '1'"):
+        profile_of({"preprocessing": {"profile": "digits", "version": "3"}})
+
+
+def test_the_window_widens_for_strokes_wider_than_it(sample):
+    """A digit filling the frame has strokes wider than the default window: the estimate is redone wider, so
+    the strokes are not hollowed out."""
+    digit = sample.test_images[21]
+    body = jpeg(on_paper(digit, size=(300, 300), side=290, at=(5, 5), ramp=40))
+    assert photo.window((300, 300)) < 40
+    assert similarity(to_canvas_v2(body), to_canvas(digit)) > 0.85
