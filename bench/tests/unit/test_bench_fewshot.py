@@ -1,8 +1,11 @@
-"""`python -m bench.fewshot` end to end on a tiny generated IDX dataset (`--data-source`), and its refusals. The figures
-of a 1-epoch model on bars are meaningless; what is checked is that the benchmark trains on 0-7 only, enrolls the
-drawn images of 8 and 9, and measures on the data's own held-out split."""
+"""`python -m bench.fewshot` end to end on tiny generated IDX datasets (`--data-source`), and its refusals. The figures
+of a 1-epoch model on bars are meaningless; what is checked is that the benchmark trains on the classes it keeps
+only (0-7 for digits, the other eight for a Fashion-MNIST pair), enrolls the drawn images of the held-out ones, and
+measures on the data's own held-out split."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -26,7 +29,10 @@ def test_trains_on_0_to_7_of_the_given_data_and_measures_on_its_held_out_split(t
     root, _, arrays = tiny_run
     result = written(root / "out", "fewshot", fewshot.markdown)
     assert result["data"] == f"idx:{root / 'idx'}"
-    (seed,) = result["seeds"]
+    (group,) = result["groups"]
+    assert (group["base"], group["new"]) == ([str(d) for d in range(8)], ["8", "9"])
+    (seed,) = group["seeds"]
+    assert seed["base_training"]["config"]["negatives"] == 0  # --negatives 0; the default is the digit model's 4,000
     labels = arrays["test_labels"]
     assert seed["held_out"] == {"old": int(np.sum(labels < 8)), "new": int(np.sum(labels >= 8))}
     assert seed["base_training"]["classes"] == [str(d) for d in range(8)]
@@ -39,7 +45,8 @@ def test_trains_on_0_to_7_of_the_given_data_and_measures_on_its_held_out_split(t
         assert len(picked) == 3 and all(arrays["train_labels"][i] == int(label) for i in picked)
     assert seed["before"]["gallery"] == seed["base_training"]["train"]
     md = (root / "out" / "fewshot.md").read_text()
-    assert f"`idx:{root / 'idx'}`" in md and f"{len(labels):,} test digits" in md
+    assert f"`idx:{root / 'idx'}`" in md and f"{len(labels):,} test images" in md
+    assert "accuracy on held-out 8 and 9 after enrolling 3 of each" in md and "target within 0.5 pt" in md
 
 
 def test_the_base_model_is_cached_per_data_source(tiny_run, capsys):
@@ -52,16 +59,77 @@ def test_the_base_model_is_cached_per_data_source(tiny_run, capsys):
     assert (base / "metadata.json").stat().st_mtime_ns == stamp
 
 
-def test_data_without_the_ten_digits_is_refused_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("extra, fragment", [
+    ([], "no default classes to hold out for data with the classes cat, dog: pass --new-classes A+B"),
+    (["--new-classes", "cat+cow"], "'cow' is not a class of the data; its classes are cat, dog"),
+    (["--new-classes", "cat"], "leaves 1 class to train on"),
+])
+def test_classes_the_data_cannot_hold_out_are_refused_in_one_line(tmp_path, capsys, extra, fragment):
     for label in ("cat", "dog"):
         (tmp_path / "pets" / label).mkdir(parents=True)
         for i in range(6):
             Image.fromarray(np.full((28, 28), 40 * i, np.uint8)).save(tmp_path / "pets" / label / f"{i}.png")
     assert fewshot.main(["--data-source", f"folder:{tmp_path / 'pets'}", "--work", str(tmp_path / "w"),
-                         "--out", str(tmp_path / "out")]) == 1
+                         "--out", str(tmp_path / "out"), *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "few-shot needs the ten digit classes 0-9, found cat, dog" in err[0]
+    assert len(err) == 1 and err[0].startswith("python -m bench fewshot: error: ") and fragment in err[0]
     assert not (tmp_path / "w").exists() and not (tmp_path / "out").exists()
+
+
+def test_an_out_folder_that_cannot_be_made_is_refused_before_the_data_is_read(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert fewshot.main(["--out", str(tmp_path / "file" / "out"), "--data-source", "idx:/nowhere"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    out, file = tmp_path / "file" / "out", tmp_path / "file"
+    assert err == [f"python -m bench fewshot: error: --out {out}: {file} is not a folder"]
+
+
+def test_unreadable_data_is_refused_in_one_line(tmp_path, capsys):
+    assert fewshot.main(["--data-source", f"idx:{tmp_path / 'missing'}", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m bench fewshot: error: ") and "missing" in err[0]
+
+
+@pytest.fixture(scope="module")
+def fashion_run(tmp_path_factory):
+    """A Fashion-MNIST-shaped IDX set (the loader names it by its path), one pair held out, the network trained on
+    20 images of each class."""
+    root = tmp_path_factory.mktemp("fewshot-fashion")
+    arrays = make_idx_dir(root / "fashion-idx", n_train=400, n_test=100)
+    argv = ["--data-source", f"idx:{root / 'fashion-idx'}", "--new-classes", "Sandal+Sneaker", "--epochs", "1",
+            "--train-per-class", "20", "--shots", "3", "--draws", "2", "--no-ceiling", "--threads", "1", "--seeds", "0",
+            "--work", str(root / "work"), "--out", str(root / "out")]
+    assert fewshot.main(argv) == 0
+    return root, arrays
+
+
+def test_a_fashion_pair_is_held_out_of_training_and_enrolled_with_full_frame_preprocessing(fashion_run, written):
+    root, arrays = fashion_run
+    result = written(root / "out", "fewshot-fashion", fewshot.markdown)
+    assert result["complete"] and result["planned_runs"] == 1 and result["kind"] == "fashion-mnist"
+    assert result["targets"] == {"new_accuracy_min": 0.85, "old_accuracy_max_drop": 0.01}
+    (group,) = result["groups"]
+    assert group["new"] == ["Sandal", "Sneaker"]  # labels 5 and 7
+    assert group["base"] == ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Shirt", "Bag", "Ankle boot"]
+    (seed,) = group["seeds"]
+    kept = ~np.isin(arrays["train_labels"], [5, 7])
+    assert seed["base_training"]["train"] == int(kept.sum())  # the gallery: every training image of the eight
+    assert seed["base_training"]["trained_on"] == 8 * 20  # the network: 20 of each
+    assert seed["base_training"]["preprocessing"] == "full-frame"
+    assert seed["base_training"]["config"]["negatives"] == 0 and seed["base_training"]["config"]["hflip"] is True
+    test = arrays["test_labels"]
+    new_test = np.isin(test, [5, 7])
+    assert seed["held_out"] == {"old": int((~new_test).sum()), "new": int(new_test.sum())}
+    assert [r["name"] for r in seed["after"]] == ["shots3-draw0", "shots3-draw1", "shots3-draw0-holdout"]
+    assert seed["after"][0]["enrolled"] == {"Sandal": 3, "Sneaker": 3}
+    for r in seed["after"]:  # the diagnostic beside the served answer: nearest recorded class prototype
+        assert 0.0 <= r["new"]["prototype_accuracy"] <= 1.0 and 0.0 <= r["old"]["prototype_accuracy"] <= 1.0
+    assert set(seed["summary"]["new_prototype_accuracy"]) == {"mean", "min", "max"}
+    for label, picked in seed["after"][1]["new_images"].items():
+        assert all(arrays["train_labels"][i] == {"Sandal": 5, "Sneaker": 7}[label] for i in picked)
+    md = (root / "out" / "fewshot-fashion.md").read_text()
+    assert md.startswith("# Few-shot enrollment on Fashion-MNIST\n") and "PARTIAL" not in md
+    assert "| Sandal + Sneaker | 0 |" in md and "the network trained on 20 training images of each class" in md
 
 
 def test_each_data_source_has_its_own_base_model_and_a_changed_one_is_not_reused(tiny_run, tmp_path):
@@ -74,3 +142,11 @@ def test_each_data_source_has_its_own_base_model_and_a_changed_one_is_not_reused
     make_idx_dir(tmp_path / "other", n_train=300, n_test=100)  # the same kind of data, another size
     assert not fewshot.cached_base_matches(base, f"idx:{tmp_path / 'other'}")
     assert not fewshot.cached_base_matches(tmp_path / "nothing", f"idx:{root / 'idx'}")
+
+
+def test_a_sweep_cut_short_says_so_at_the_top(fashion_run):
+    root, _ = fashion_run
+    record = json.loads((root / "out" / "raw" / "fewshot-fashion.json").read_text())
+    record.update(complete=False, planned_runs=9)
+    assert fewshot.markdown(record).splitlines()[2] == (
+        "**PARTIAL: 1 of 9 runs finished** (the sweep stopped or is still running).")
