@@ -302,7 +302,35 @@ def parser() -> Parser:
     p.add_argument("--negatives", type=int, default=None,
                    help="synthetic negatives (default 4,000 for digits, as the shipped model; 0 otherwise)")
     p.add_argument("--train-only", action="store_true", help="only train (or keep) the base models")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the finished runs of the record already in --out when its data and recipe are these "
+                        "(a sweep cut short goes on where it stopped)")
     return p
+
+
+def carried_runs(prior: dict[str, Any] | None, data: str,
+                 recipe: dict[str, Any]) -> dict[tuple[tuple[str, ...], int], dict[str, Any]]:
+    """The finished runs of an earlier record, by (new classes, seed), when it measured the same data with the same
+    recipe (its seeds aside); none otherwise."""
+    if not prior or prior.get("data") != data:
+        return {}
+
+    def same(r: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in r.items() if key != "seeds"}
+
+    if same(prior.get("recipe", {})) != same(recipe):
+        return {}
+    return {(tuple(g["new"]), int(r["seed"])): r for g in prior.get("groups", []) for r in g["seeds"]}
+
+
+def prior_record(out: Path, name: str) -> dict[str, Any] | None:
+    """The full record a previous command wrote into `out` (raw/NAME.json, else the summary), or None."""
+    for path in (output.raw_path(out, name), output.summary_path(out, name)):
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,9 +367,28 @@ def main(argv: list[str] | None = None) -> int:
         "planned_runs": len(splits) * len(args.seeds), "complete": False,
         "machine": {"start": machine()},
     }
+    prior = prior_record(args.out, bench.name) if args.resume else None
+    carried = carried_runs(prior, args.data_source, result["recipe"])
+    if prior is not None:
+        earlier = prior.get("wall_seconds", 0) + prior.get("resumed", {}).get("wall_seconds", 0)
+        result["resumed"] = {"command": prior["command"], "started": prior["machine"]["start"]["time"],
+                             "wall_seconds": earlier, "runs": 0}
+
+    def publish() -> None:
+        result["machine"]["end"] = machine()
+        result["wall_seconds"] = round(time.perf_counter() - started, 1)
+        result["complete"] = sum(len(g["seeds"]) for g in result["groups"]) == result["planned_runs"]
+        args.out.mkdir(parents=True, exist_ok=True)
+        output.write(args.out, bench.name, result, markdown(result))
+
     # Seed-major: a sweep cut short has finished every pair of its first seeds.
     for seed in args.seeds:
         for group, (base_classes, new) in zip(result["groups"], splits):
+            if (new, seed) in carried and not args.train_only:
+                group["seeds"].append(carried[(new, seed)])
+                group["spread"] = spread(group["seeds"])
+                result["resumed"]["runs"] += 1
+                continue
             run_started = time.perf_counter()
             work = work_dir(args.work, seed, args.epochs, args.negatives, args.data_source, new, args.precision,
                             args.train_per_class)
@@ -361,15 +408,12 @@ def main(argv: list[str] | None = None) -> int:
             record.update(seconds=round(time.perf_counter() - run_started, 1), base_cached=cached)
             group["seeds"].append(record)
             group["spread"] = spread(group["seeds"])
-            result["machine"]["end"] = machine()
-            result["wall_seconds"] = round(time.perf_counter() - started, 1)
-            result["complete"] = sum(len(g["seeds"]) for g in result["groups"]) == result["planned_runs"]
-            args.out.mkdir(parents=True, exist_ok=True)
-            output.write(args.out, bench.name, result, markdown(result))
+            publish()
             print(f"{'+'.join(new)} seed {seed}: new {record['summary']['new_accuracy']['mean']:.1%}, old "
                   f"{record['before']['old']['accuracy']:.2%} -> {record['summary']['old_accuracy']['min']:.2%} "
                   f"({record['seconds']:.0f}s; {time.perf_counter() - started:.0f}s so far)", flush=True)
     if not args.train_only:
+        publish()
         print(markdown(result))
     return 0
 
@@ -481,6 +525,10 @@ def report_head(result: dict[str, Any]) -> str:
     wall = (f" This command: {result['wall_seconds'] / 60:.1f} min of wall time"
             + (f", {cached} of its base models taken from the --work cache." if cached else ".")
             if "wall_seconds" in result else "")
+    resumed = result.get("resumed")
+    if resumed and resumed["runs"]:
+        wall += (f" {resumed['runs']} run(s) carried over (--resume) from `{resumed['command']}`, started "
+                 f"{resumed['started']}, {resumed['wall_seconds'] / 60:.1f} min of wall time.")
     lines += [f"Load average (1 min) {m['start']['load_average_1m']} at start, {end['load_average_1m']} at end, "
               f"{m['start']['cpus']} CPUs shared with other jobs; started {m['start']['time']}, ended {end['time']}."
               + wall, "", ""]

@@ -6,6 +6,7 @@ measures on the data's own held-out split."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -100,11 +101,11 @@ def fashion_run(tmp_path_factory):
             "--train-per-class", "20", "--shots", "3", "--draws", "2", "--no-ceiling", "--threads", "1", "--seeds", "0",
             "--work", str(root / "work"), "--out", str(root / "out")]
     assert fewshot.main(argv) == 0
-    return root, arrays
+    return root, arrays, argv
 
 
 def test_a_fashion_pair_is_held_out_of_training_and_enrolled_with_full_frame_preprocessing(fashion_run, written):
-    root, arrays = fashion_run
+    root, arrays, _ = fashion_run
     result = written(root / "out", "fewshot-fashion", fewshot.markdown)
     assert result["complete"] and result["planned_runs"] == 1 and result["kind"] == "fashion-mnist"
     assert result["targets"] == {"new_accuracy_min": 0.85, "old_accuracy_max_drop": 0.01}
@@ -145,8 +146,24 @@ def test_each_data_source_has_its_own_base_model_and_a_changed_one_is_not_reused
 
 
 def test_a_sweep_cut_short_says_so_at_the_top(fashion_run):
-    root, _ = fashion_run
+    root, _, _ = fashion_run
     record = json.loads((root / "out" / "raw" / "fewshot-fashion.json").read_text())
     record.update(complete=False, planned_runs=9)
     assert fewshot.markdown(record).splitlines()[2] == (
         "**PARTIAL: 1 of 9 runs finished** (the sweep stopped or is still running).")
+
+
+def test_resume_keeps_the_finished_runs_and_measures_only_the_missing_ones(fashion_run, tmp_path, capsys, written):
+    root, _, argv = fashion_run
+    shutil.copytree(root / "out", tmp_path / "out")
+    argv = [*argv[:argv.index("--out")], "--out", str(tmp_path / "out"), "--seeds", "0,1", "--resume"]
+    capsys.readouterr()
+    assert fewshot.main(argv) == 0
+    log = capsys.readouterr().out
+    assert "Sandal+Sneaker seed 0:" not in log and "Sandal+Sneaker seed 1:" in log  # only seed 1 was measured
+    result = written(tmp_path / "out", "fewshot-fashion", fewshot.markdown)
+    before = json.loads((root / "out" / "raw" / "fewshot-fashion.json").read_text())
+    assert result["groups"][0]["seeds"][0] == before["groups"][0]["seeds"][0]
+    assert [r["seed"] for r in result["groups"][0]["seeds"]] == [0, 1] and result["complete"]
+    assert result["resumed"]["runs"] == 1 and result["resumed"]["command"] == before["command"]
+    assert "1 run(s) carried over (--resume)" in (tmp_path / "out" / "fewshot-fashion.md").read_text()

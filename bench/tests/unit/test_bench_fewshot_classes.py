@@ -131,3 +131,17 @@ def test_the_nearest_prototype_diagnostic_reads_the_recorded_prototypes():
     embeddings = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.59]], np.float32)
     assert list(fewshot.nearest_prototype(metadata, embeddings)) == ["Bag", "Coat", "Bag"]
     assert fewshot.nearest_prototype({"open_set": {"score": "top1_distance"}}, embeddings) is None
+
+
+def test_resume_carries_over_the_runs_of_the_same_data_and_recipe_only():
+    recipe = {"epochs": 2, "precision": "fp32", "threads": 1, "shots": 10, "draws": 3, "ceiling": True,
+              "seeds": [0, 1, 2], "train_per_class": 1000}
+    prior = {"data": "idx:/f", "recipe": {**recipe, "seeds": [0]},
+             "groups": [{"new": ["Trouser", "Bag"], "seeds": [{"seed": 0, "x": 1}]},
+                        {"new": ["Shirt", "Pullover"], "seeds": []}]}
+    assert fewshot.carried_runs(prior, "idx:/f", recipe) == {(("Trouser", "Bag"), 0): {"seed": 0, "x": 1}}
+    assert fewshot.carried_runs(prior, "idx:/other", recipe) == {}
+    assert fewshot.carried_runs(prior, "idx:/f", {**recipe, "epochs": 3}) == {}
+    assert fewshot.carried_runs(None, "idx:/f", recipe) == {}
+    old_digit_record = {"data": "mnist-sample", "seeds": [{"seed": 0}]}  # from before groups: nothing to carry
+    assert fewshot.carried_runs(old_digit_record, "mnist-sample", recipe) == {}
