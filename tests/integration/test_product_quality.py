@@ -1,11 +1,18 @@
 """The shipped model (what ./quickstart.sh trains) behind a real TorchServe, on inputs it was never trained on:
-pytorch/serve-style MNIST example images, and printed digits rendered here from Debian font families that training
-never sees (it prints its own digits with DejaVu only: training/printed.py)."""
+pytorch/serve-style MNIST example images, printed digits rendered here from Debian font families that training
+never sees (it prints its own digits with DejaVu only: training/printed.py), and the photo exam: held-out digits
+photographed and scanned on paper (tests/support/photo_set.py).
+
+The photo exam's size and a file for its figures can be set: PHOTO_EXAM_N=1000 PHOTO_EXAM_OUT=photo.json
+(docs/photos.md reports the whole held-out split that way)."""
 
 from __future__ import annotations
 
 import io
+import json
+import os
 import random
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +20,20 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from serving.samples import held_out_digits, user_digit_png
+from support.photo_set import photo_exam
 from support.torchserve import serving_client
+from training.data import load_dataset
 
 pytestmark = pytest.mark.serving
 
 #: Debian's fonts-liberation and fonts-freefont-ttf (scripts/system-deps.sh installs them).
 FONT_DIRS = (Path("/usr/share/fonts/truetype/liberation"), Path("/usr/share/fonts/truetype/freefont"))
 PRINTED_TARGET = 0.98
+#: The photo exam through the served endpoint: the floor of the share answered correctly and the ceiling of the
+#: share flagged unknown that the shipped model holds today (about 96% and 3-4%). The goal, 97% and 2%, is not met
+#: yet: docs/photos.md has the figures and what fails.
+PHOTO_CORRECT_FLOOR = 0.94
+PHOTO_UNKNOWN_CEILING = 0.06
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +85,32 @@ def test_printed_digits_through_the_served_endpoint(product_client, record_prope
     correct = np.mean([not isinstance(a, Exception) and a["pred"] == label for a, (_, label) in zip(answers, samples)])
     record_property("printed_accuracy", float(correct))
     assert correct >= PRINTED_TARGET, f"{correct:.3f} of {len(samples)} printed digits correct"
+
+
+def test_photographed_and_scanned_digits_through_the_served_endpoint(product_client, record_property):
+    """Held-out digits printed on paper, photographed (light, shadow, table, perspective, blur, noise, JPEG) or
+    scanned, posted as the phone or scanner wrote them: the digits preprocessing's photo path must read them."""
+    n = int(os.environ.get("PHOTO_EXAM_N", "300"))
+    held_out = load_dataset("mnist-sample")
+    pick = np.linspace(0, len(held_out.test_images) - 1, n).astype(int)
+    items = photo_exam(held_out.test_images[pick], held_out.test_labels[pick], seed=0)
+    answers: list = [None] * n
+    for index, answer in product_client.predict_many([item.body for item in items], concurrency=4):
+        answers[index] = answer
+    failed = [a for a in answers if isinstance(a, Exception)]
+    assert not failed, failed[:3]
+    correct = np.array([a["pred"] == str(item.label) for a, item in zip(answers, items)])
+    unknown = np.array([bool(a["unknown"]) for a in answers])
+    by_condition: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    for item, ok, flagged in zip(items, correct, unknown):
+        for key in (f"kind={item.kind}", f"ink={item.ink}", f"table={item.table}", f"shadow={item.shadow}",
+                    f"digit_height<0.15={item.digit_height < 0.15}"):
+            by_condition[key].append((bool(ok), bool(flagged)))
+    figures = {"n": n, "correct": float(correct.mean()), "unknown": float(unknown.mean()),
+               "by_condition": {k: {"n": len(v), "correct": float(np.mean([c for c, _ in v])),
+                                    "unknown": float(np.mean([u for _, u in v]))} for k, v in sorted(by_condition.items())}}
+    if os.environ.get("PHOTO_EXAM_OUT"):
+        with open(os.environ["PHOTO_EXAM_OUT"], "w") as f:
+            json.dump(figures, f, indent=2)
+    record_property("photo_exam", figures)
+    assert correct.mean() >= PHOTO_CORRECT_FLOOR and unknown.mean() <= PHOTO_UNKNOWN_CEILING, json.dumps(figures)
