@@ -27,7 +27,8 @@ from scipy import ndimage
 #: Images are analysed at most this many pixels on their longer side (the digit ends up 20 pixels high).
 WORK_SIDE = 512
 #: The paper estimate's window, as a share of the longer side: wider than the strokes of a digit as large as 60% of
-#: the frame; wider strokes are measured and the estimate redone with a window to match (:func:`digit_ink`).
+#: the frame. A wider window keeps bolder strokes but fills more of a table's edge and a shadow's corner with "ink";
+#: redoing the estimate with a window three times wider for bold digits lost more than it won (docs/photos.md).
 WINDOW_SHARE = 0.1
 #: A picture whose most common level covers this share of its pixels has a flat background (version 1's path).
 FLAT_SHARE = 0.5
@@ -63,15 +64,15 @@ def _light_background(gray: np.ndarray) -> bool:
     return float(np.median(centre[::2, ::2])) > (lo + hi) / 2
 
 
-def window(shape: tuple[int, int], share: float = WINDOW_SHARE) -> int:
+def window(shape: tuple[int, int]) -> int:
     """The paper estimate's window in pixels (odd) for an image of this shape."""
-    return max(3, int(round(share * max(shape))) | 1)
+    return max(3, int(round(WINDOW_SHARE * max(shape))) | 1)
 
 
-def background(work: np.ndarray, light: bool, size: int | None = None) -> np.ndarray:
+def background(work: np.ndarray, light: bool) -> np.ndarray:
     """The background's brightness at every pixel: a closing (light paper) or opening (dark board) of the lightly
     smoothed image, which removes anything narrower than the window and keeps the edges of wider regions."""
-    size = size or window(work.shape)
+    size = window(work.shape)
     smooth = ndimage.gaussian_filter(work, 1.0)
     return ndimage.grey_closing(smooth, size=size) if light else ndimage.grey_opening(smooth, size=size)
 
@@ -90,12 +91,15 @@ def flat_background(gray: np.ndarray) -> bool:
     return bool(counts.max() >= FLAT_SHARE * gray.size)
 
 
-def ink_map(work: np.ndarray, size: int | None = None) -> np.ndarray:
+def ink_map(work: np.ndarray) -> np.ndarray:
     """How much darker (light paper) or brighter (dark board) than its own background each pixel is, 0..1."""
     light = _light_background(work)
-    estimate = background(work, light, size)
+    estimate = background(work, light)
     if light:
-        return np.clip(1.0 - work / np.maximum(estimate, 1.0), 0.0, 1.0)
+        # Relative to the paper under it, so a shadow does not weaken the ink; but never to less than half the
+        # lit paper, or the noise of a dark table would be magnified into strokes.
+        floor = max(0.5 * float(np.percentile(estimate[::2, ::2], 95)), 1.0)
+        return np.clip((estimate - work) / np.maximum(estimate, floor), 0.0, 1.0)
     top = max(float(work.max() - estimate.min()), 1e-6)
     return np.clip((work - estimate) / top, 0.0, 1.0)
 
@@ -103,20 +107,11 @@ def ink_map(work: np.ndarray, size: int | None = None) -> np.ndarray:
 def digit_ink(gray: np.ndarray) -> np.ndarray | None:
     """The digit of a photo or scan as a float32 crop of its ink (0 background, 1 the strongest stroke), or None
     when nothing stands out of the noise."""
-    work = _work_image(gray)
-    size = window(work.shape)
-    found = _find_digit(ink_map(work, size))
-    if found is None:
-        return None
-    strokes, width = found
-    if 2 * width > size:  # strokes over half the window wide: the paper estimate ate into them; widen it
-        found = _find_digit(ink_map(work, min(window(work.shape, 1.0), int(round(2.5 * width)) | 1)))
-        strokes = found[0] if found is not None else strokes
-    return strokes
+    return _find_digit(ink_map(_work_image(gray)))
 
 
-def _find_digit(ink: np.ndarray) -> tuple[np.ndarray, float] | None:
-    """The digit's ink crop (0..1) and its stroke width in pixels, from an ink map; None without ink."""
+def _find_digit(ink: np.ndarray) -> np.ndarray | None:
+    """From an ink map: the digit's ink crop (0..1); None without ink."""
     smooth = ndimage.gaussian_filter(ink, 0.8)
     peak = float(smooth.max())
     sample = smooth[::3, ::3]  # the paper's level and noise in the ink map: median and median absolute deviation
@@ -170,4 +165,4 @@ def _find_digit(ink: np.ndarray) -> tuple[np.ndarray, float] | None:
     # The box as version 1 takes it on a clean picture: where the ink is above a fifth of its range.
     rows, cols = np.flatnonzero(crop.max(axis=1) > BOX_INK), np.flatnonzero(crop.max(axis=0) > BOX_INK)
     crop = crop[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1] if rows.size else crop
-    return crop, width
+    return crop

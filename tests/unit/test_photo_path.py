@@ -10,7 +10,6 @@ import pytest
 from PIL import Image, ImageDraw
 from support.photo_set import photo_exam
 
-from handler import photo
 from handler.preprocessing import DIGITS, DIGITS_V1, SERVED, is_blank, profile_of, to_canvas, to_canvas_v2
 from training.data import load_dataset
 
@@ -100,12 +99,3 @@ def test_version_1_models_are_served_with_version_1_and_unknown_versions_refused
     assert DIGITS.version == "2" and ("digits", "1") in SERVED
     with pytest.raises(ValueError, match="digits preprocessing version '3'.*'2', '1'"):
         profile_of({"preprocessing": {"profile": "digits", "version": "3"}})
-
-
-def test_the_window_widens_for_strokes_wider_than_it(sample):
-    """A digit filling the frame has strokes wider than the default window: the estimate is redone wider, so
-    the strokes are not hollowed out."""
-    digit = sample.test_images[21]
-    body = jpeg(on_paper(digit, size=(300, 300), side=290, at=(5, 5), ramp=40))
-    assert photo.window((300, 300)) < 40
-    assert similarity(to_canvas_v2(body), to_canvas(digit)) > 0.85
