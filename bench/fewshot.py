@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         result["wall_seconds"] = round(time.perf_counter() - started, 1)
         result["complete"] = sum(len(g["seeds"]) for g in result["groups"]) == result["planned_runs"]
         args.out.mkdir(parents=True, exist_ok=True)
-        output.write(args.out, bench.name, result, markdown(result))
+        write(args.out, bench.name, result)
 
     # Seed-major: a sweep cut short has finished every pair of its first seeds.
     for seed in args.seeds:
@@ -416,6 +416,24 @@ def main(argv: list[str] | None = None) -> int:
         publish()
         print(markdown(result))
     return 0
+
+
+def summary_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The committed summary: output.compact of the record without the image ids of the every-image runs (all the
+    training images of the new classes, thousands of ids each; raw/NAME.json keeps them)."""
+    summary = output.compact(output.as_json(result))
+    for group in groups_of(summary):
+        for run_record in group["seeds"]:
+            for entry in run_record["after"]:
+                if entry["name"].startswith("all"):
+                    entry.pop("new_images", None)
+    return summary
+
+
+def write(out: Path, name: str, result: dict[str, Any]) -> None:
+    """NAME.md, NAME.summary.json (summary_of) and raw/NAME.json into `out`."""
+    output.write(out, name, result, markdown(result))
+    output.summary_path(out, name).write_text(output.dumps(summary_of(result)) + "\n")
 
 
 def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -45,6 +45,10 @@ def test_trains_on_0_to_7_of_the_given_data_and_measures_on_its_held_out_split(t
     for label, picked in seed["after"][0]["new_images"].items():  # the drawn images are that class's
         assert len(picked) == 3 and all(arrays["train_labels"][i] == int(label) for i in picked)
     assert seed["before"]["gallery"] == seed["base_training"]["train"]
+    assert len(seed["after"][-1]["new_images"]["8"]) == n_new  # the every-image run's ids: in raw/ only
+    summary = json.loads((root / "out" / "fewshot.summary.json").read_text())
+    assert "new_images" not in summary["groups"][0]["seeds"][0]["after"][-1]
+    assert summary["groups"][0]["seeds"][0]["after"][0]["new_images"] == seed["after"][0]["new_images"]
     md = (root / "out" / "fewshot.md").read_text()
     assert f"`idx:{root / 'idx'}`" in md and f"{len(labels):,} test images" in md
     assert "accuracy on held-out 8 and 9 after enrolling 3 of each" in md and "target within 0.5 pt" in md

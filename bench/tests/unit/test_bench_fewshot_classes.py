@@ -110,7 +110,7 @@ def test_the_committed_fashion_summary_renders_its_report():
     summary = json.loads(output.summary_path(RESULTS, "fewshot-fashion").read_text())
     assert output.compact(summary) == summary
     assert fewshot.markdown(summary) == (RESULTS / "fewshot-fashion.md").read_text()
-    done = [(g["new"], r["seed"]) for g in summary["groups"] for r in g["seeds"]]
+    done = [(tuple(g["new"]), r["seed"]) for g in summary["groups"] for r in g["seeds"]]
     assert len(done) == len(set(done)) and (len(done) == summary["planned_runs"]) == summary["complete"]
 
 
