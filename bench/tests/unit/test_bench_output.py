@@ -13,6 +13,7 @@ from settings import REPO
 RESULTS = REPO / "bench" / "results"
 #: Each committed report's renderer: the summary beside it must be enough to render it.
 RENDERERS = {"results": report.markdown, "container": container.markdown, "fewshot": fewshot.markdown,
+             "fewshot-fashion": fewshot.markdown,
              "latency": latency.markdown, "latency-confirm": latency.markdown, "preprocess": preprocess.markdown,
              "runtimes": runtimes.markdown, "ab-int8": ab.markdown, "worker-profile": profile_worker.render}
 
