@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from handler.preprocessing import DIGITS, Profile
+from handler.preprocessing import DEFAULT_MAX_PIXELS, DIGITS, ImageInput, Profile
 from handler.search import GallerySearcher
 
 if TYPE_CHECKING:
@@ -172,8 +172,11 @@ def write_plots(out: Path, history: list[dict], matrix: np.ndarray, classes: Seq
 
 
 #: Unknown sets `python -m training eval --ood` knows. None of them is ever used in training or calibration.
-OOD_SETS = ("fashion", "synthetic", "noise")
+#: uploads: real non-digit images as encoded files (training/uploads.py), reported per category too.
+OOD_SETS = ("fashion", "synthetic", "noise", "uploads")
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian package dataset-fashion-mnist
+#: Seed of the synthetic and blank/noise sets.
+OOD_SEED = 12345
 
 
 def blank_and_noise(n: int, seed: int = 0) -> np.ndarray:
@@ -195,9 +198,18 @@ def blank_and_noise(n: int, seed: int = 0) -> np.ndarray:
     return np.asarray(images, dtype=np.uint8).reshape(n, 28, 28)
 
 
-def load_ood_set(name: str, fashion_dir: Path = FASHION_DIR, n: int = 1000, seed: int = 12345) -> np.ndarray:
-    """Raw uint8 images (N, H, W) of an unknown set: Fashion-MNIST's 10,000 test images, the synthetic
-    non-digit probe, or blank/noise frames. Raises ValueError (one line) for an unknown name or missing files."""
+def load_ood_set(name: str, fashion_dir: Path = FASHION_DIR, n: int = 1000, seed: int = OOD_SEED
+                 ) -> "np.ndarray | list[bytes]":
+    """The images of an unknown set: raw uint8 (N, H, W) for Fashion-MNIST's 10,000 test images, the synthetic
+    non-digit probe and blank/noise frames (``n`` and ``seed`` size and seed these two); encoded files (PNG/JPEG
+    bytes) for the uploads exam, which is always the same (training.uploads.EXAM_SEED). Raises ValueError (one
+    line) for an unknown name or missing files."""
+    return _load_labelled(name, fashion_dir, n, seed)[0]
+
+
+def _load_labelled(name: str, fashion_dir: Path, n: int, seed: int
+                   ) -> "tuple[np.ndarray | list[bytes], list[str] | None]":
+    """load_ood_set's images and, for the uploads exam, each item's category."""
     if name == "fashion":
         from .data import DataError
         from .data.idx import IMAGES_MAGIC, read_idx
@@ -209,24 +221,43 @@ def load_ood_set(name: str, fashion_dir: Path = FASHION_DIR, n: int = 1000, seed
             raise ValueError(f"{path}: Fashion-MNIST test images not found "
                              "(apt-get install dataset-fashion-mnist, or pass --fashion-dir)")
         try:
-            return read_idx(path, IMAGES_MAGIC)
+            return read_idx(path, IMAGES_MAGIC), None
         except DataError as exc:
             raise ValueError(str(exc)) from None
     if name == "synthetic":
-        return synthetic_non_digits(n, seed)
+        return synthetic_non_digits(n, seed), None
     if name == "noise":
-        return blank_and_noise(n, seed)
+        return blank_and_noise(n, seed), None
+    if name == "uploads":
+        from .uploads import EXAM_SEED, exam_uploads
+
+        uploads = exam_uploads(EXAM_SEED)
+        return [u.data for u in uploads], [u.category for u in uploads]
     raise ValueError(f"unknown --ood set {name!r}; choose from {', '.join(OOD_SETS)}")
 
 
-def open_set_scores(service: "EmbeddingService", images: np.ndarray, batch: int = 1024) -> np.ndarray:
-    """The served open-set score of raw uint8 images (N, H, W): the serving preprocessing, model and searcher
-    of an EmbeddingService; +inf for blank inputs, which the service always answers as unknown."""
+def model_inputs(profile: Profile, images: "np.ndarray | Sequence[ImageInput]",
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Model inputs (N, 1, 28, 28) of images through a preprocessing profile: raw uint8 arrays (N, H, W) as training
+    reads a dataset, or any sequence of encoded files (bytes), PIL images or 2-D arrays of any size, each as the
+    service preprocesses a request (``profile.preprocess``; raises InvalidImageError for one it would refuse)."""
+    if isinstance(images, np.ndarray) and images.ndim == 3:
+        return profile.normalize(profile.canvases_from_arrays(images))
+    if not len(images):
+        return np.zeros((0, 1, 28, 28), np.float32)
+    return np.stack([profile.preprocess(image, max_pixels) for image in images])
+
+
+def open_set_scores(service: "EmbeddingService", images: "np.ndarray | Sequence[ImageInput]",
+                    batch: int = 1024) -> np.ndarray:
+    """The served open-set score of images (see :func:`model_inputs`: raw uint8 (N, H, W), or encoded files and
+    arrays of any size): the serving preprocessing, model and searcher of an EmbeddingService; +inf for blank
+    inputs, which the service always answers as unknown."""
     from handler.preprocessing import is_blank
 
     out = []
     for start in range(0, len(images), batch):
-        tensors = service.profile.normalize(service.profile.canvases_from_arrays(images[start : start + batch]))
+        tensors = model_inputs(service.profile, images[start : start + batch], service.max_pixels)
         scores = service.searcher.scores(service.embed(tensors))
         blank = np.array([is_blank(t) for t in tensors], dtype=bool)
         out.append(np.where(blank, np.inf, scores))
@@ -236,7 +267,8 @@ def open_set_scores(service: "EmbeddingService", images: np.ndarray, batch: int 
 def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_source: str = "mnist-sample",
                       fashion_dir: Path = FASHION_DIR, n_synthetic: int = 1000) -> dict:
     """Open-set figures of served artifacts: held-out accuracy and digit acceptance at the recorded threshold,
-    and per unknown set its AUROC against the held-out digits and the share flagged unknown.
+    and per unknown set its AUROC against the held-out digits and the share flagged unknown (for the uploads exam
+    per category as well).
 
     Digits come from `data_source`'s held-out split, the one the threshold was calibrated on: ``accepted`` is
     in-sample, ``accepted_cross_fitted`` the share a threshold calibrated on one half accepts of the other.
@@ -255,7 +287,8 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
     for name in unknown_names:
         if name not in OOD_SETS:
             raise ValueError(f"unknown --ood set {name!r}; choose from {', '.join(OOD_SETS)}")
-    unknown_sets = {name: load_ood_set(name, fashion_dir, n_synthetic) for name in unknown_names}  # fail early
+    # Loaded first: a missing set fails before the model loads.
+    unknown_sets = {name: _load_labelled(name, fashion_dir, n_synthetic, OOD_SEED) for name in unknown_names}
     service = EmbeddingService.from_dir(Path(artifacts))
     searcher, metadata = service.searcher, service.metadata
     threshold = searcher.threshold
@@ -285,8 +318,19 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
                     "platform": platform.platform(terse=True),
                     "time": datetime.now(timezone.utc).isoformat(timespec="seconds")},
     }
-    for name, images in unknown_sets.items():
+    for name, (images, categories) in unknown_sets.items():
         scores = open_set_scores(service, images)
-        result["unknown"][name] = {"n": int(len(scores)), "auroc": auroc(scores, digit_scores),
-                                   "flagged": float(np.mean(scores > threshold))}
+        result["unknown"][name] = _flagged(scores, digit_scores, threshold)
+        if categories is not None:
+            labels = np.asarray(categories)
+            result["unknown"][name]["categories"] = {
+                category: _flagged(scores[labels == category], digit_scores, threshold)
+                for category in dict.fromkeys(categories)}
     return result
+
+
+def _flagged(scores: np.ndarray, digit_scores: np.ndarray, threshold: float) -> dict:
+    """n, AUROC against the digits, share flagged unknown, and the share of those that preprocessing left blank
+    (no ink: always unknown, whatever the model)."""
+    return {"n": int(len(scores)), "auroc": auroc(scores, digit_scores), "flagged": float(np.mean(scores > threshold)),
+            "blank": float(np.mean(np.isinf(scores)))}
