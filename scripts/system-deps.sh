@@ -7,6 +7,8 @@
 # glyphs; fonts-liberation and fonts-freefont-ttf render the printed digits the product-quality tests check;
 # dataset-fashion-mnist is the open-set exam of the digit model and the second dataset (full-frame profile).
 # chromium opens the HTML model report in the report test (a real headless browser).
+# The uploads exam of the digit model (training/uploads.py, docs/non-digits.md) is made of the Adwaita and hicolor
+# icon themes, Glyphicons Halflings, Font Awesome, Noto Color Emoji (about 10 MB) and the Liberation/FreeFont faces.
 # Installs only what is missing, as root.
 set -euo pipefail
 missing=()
@@ -22,6 +24,11 @@ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || 
 [ -d /usr/share/fonts/truetype/freefont ] || missing+=(fonts-freefont-ttf)
 [ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)  # the open-set exam, the second dataset
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # renders the HTML report in its test
+[ -d /usr/share/icons/Adwaita ] || missing+=(adwaita-icon-theme)  # the uploads exam
+[ -f /usr/share/icons/hicolor/index.theme ] || missing+=(hicolor-icon-theme)
+[ -f /usr/share/fonts/truetype/glyphicons/glyphicons-halflings-regular.ttf ] || missing+=(fonts-glyphicons-halflings)
+[ -f /usr/share/fonts/truetype/font-awesome/fontawesome-webfont.ttf ] || missing+=(fonts-font-awesome)
+[ -f /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf ] || missing+=(fonts-noto-color-emoji)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${missing[*]}; install with: sudo apt-get install ${missing[*]}" >&2
