@@ -4,8 +4,11 @@ every class, so that the k-NN distance of an unseen non-digit grows.
 
 Drawn with Pillow only: scribbles, filled and textured shapes, and letters/symbols rendered from the Debian
 DejaVu fonts (glyphs that look like digits, such as O, l, S, Z, B, are left out). Never Fashion-MNIST: that
-set is the open-set exam (``python -m training eval --ood fashion``). Every image then goes through the
-serving preprocessing (crop to content, fit, centre) like a request would.
+set is the open-set exam (``python -m training eval --ood fashion``), and nothing the uploads exam
+(training/uploads.py, ``--ood uploads``) is made of: not the icon themes, Glyphicons, Font Awesome, Noto Color
+Emoji, the Liberation or FreeFont faces, matplotlib's charts or sample data, nor segno. :func:`training_sources`
+lists what is read; tests/unit/test_uploads_exam.py fails when a file the exam uses is opened here. Every image
+then goes through the serving preprocessing (crop to content, fit, centre) like a request would.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ GLYPHS = ("CEFHKMNRUVWXacefkmnrtuvwx#%&@*+=?!$€¥£§¶∞ΩΨΦΣΔΛΞΠΓθ
           "★☆♠♣♥♦♪♫☺☼⌘✓✗✚✦❖←→↑↓↔⇔∎◆◇○●□■△▲▽▼")
 KINDS = ("scribble", "shapes", "texture", "glyph")
 SIZE = 56  # drawing canvas; preprocessing then fits the content into the 20x20 box
+
+
+def training_sources() -> tuple[Path, ...]:
+    """The folders whose files outlier exposure reads (the uploads exam must use none of them)."""
+    return (FONT_DIR,)
 
 
 @lru_cache(maxsize=1)
