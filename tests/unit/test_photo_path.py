@@ -99,3 +99,11 @@ def test_version_1_models_are_served_with_version_1_and_unknown_versions_refused
     assert DIGITS.version == "2" and ("digits", "1") in SERVED
     with pytest.raises(ValueError, match="digits preprocessing version '3'.*'2', '1'"):
         profile_of({"preprocessing": {"profile": "digits", "version": "3"}})
+
+
+def test_dataset_sized_frames_keep_version_1_whatever_their_background():
+    """A 28x28 garment fills its frame (no flat background): it must stay whole, not be cut to one component."""
+    rng = np.random.default_rng(0)
+    shirt = np.zeros((28, 28), np.uint8)
+    shirt[2:26, 3:25] = rng.integers(60, 256, (24, 22))
+    assert np.array_equal(to_canvas_v2(shirt), to_canvas(shirt))
