@@ -204,7 +204,7 @@ def test_eval_cli_writes_well_formed_json(tiny_artifacts, tmp_path, capsys):
     write_idx(fashion / "t10k-images-idx3-ubyte.gz", shirts)
     out = tmp_path / "eval.json"
     rc = training_main(["eval", "--artifacts", str(tiny_artifacts), "--fashion-dir", str(fashion),
-                        "--n-synthetic", "40", "--out", str(out)])
+                        "--n-synthetic", "40", "--ood", "fashion,synthetic,noise", "--out", str(out)])
     assert rc == 0
     printed = json.loads(capsys.readouterr().out)
     result = json.loads(out.read_text())
