@@ -10,8 +10,8 @@ full record to raw/NAME.json there, with the card, torch, CUDA and
 cuDNN versions.
 
 It imports nothing but torch, faiss-cpu, numpy, Pillow, scipy (the handler's photo path), the standard library
-and the project's handler/ (plus bench/data.py's image drawing), so it runs on a bare GPU machine; the digits are drawn with Pillow's built-in
-font, not read from a dataset. `--device cpu` runs the same check CPU against CPU, to try it without a GPU.
+and the project's handler/ (plus bench/data.py's image drawing), so it runs on a bare GPU machine; the digits
+are drawn with Pillow's built-in font, not read from a dataset. `--device cpu` runs the same check CPU against CPU, to try it without a GPU.
 
 Exit status: 0 answers equal, figures written; 3 answers differ (figures still written, the differences listed);
 77 no CUDA device: one line on stderr, nothing measured or written (77 is the "skipped" status of automake and
