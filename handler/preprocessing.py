@@ -184,7 +184,11 @@ def _place(crop: np.ndarray) -> np.ndarray:
 
 def to_canvas(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Any image (bytes, PIL image or 2-D array) -> uint8 (28, 28), light digit on black, centred."""
-    gray = _gray_array(image, max_pixels)
+    return _version_1_canvas(_gray_array(image, max_pixels))
+
+
+def _version_1_canvas(gray: np.ndarray) -> np.ndarray:
+    """Steps 2-3 of the digits canvas on a grayscale array: uint8 (28, 28)."""
     canvas = _canvas_from_uint8(gray) if gray.dtype == np.uint8 else _fit_and_centre(_to_mnist_polarity(gray))
     return np.round(canvas * 255.0).astype(np.uint8)
 
@@ -259,8 +263,7 @@ def to_canvas_v2(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.
     have their light removed and their digit found first (handler/photo.py); clean pictures get version 1's canvas."""
     gray = _gray_array(image, max_pixels)
     if photo.flat_background(gray):
-        canvas = _canvas_from_uint8(gray) if gray.dtype == np.uint8 else _fit_and_centre(_to_mnist_polarity(gray))
-        return np.round(canvas * 255.0).astype(np.uint8)
+        return _version_1_canvas(gray)
     ink = photo.digit_ink(gray)
     canvas = np.zeros((CANVAS, CANVAS), np.float32) if ink is None else _place(ink)
     return np.round(canvas * 255.0).astype(np.uint8)
