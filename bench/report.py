@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .peers import cpu_verdict
 from .stats import fmt, median, mid
 
 TARGET_C = 16
@@ -32,8 +33,14 @@ GRPC_SPLIT_NOTE = ("TorchServe 0.12 does not add gRPC requests to `ts_inference_
                    "(client mean - handler) are split out.")
 PEERS_NOTE = ("Same `EmbeddingService`, same PNG bodies and wrk load, loopback, no token check. "
               "LitServe: its batching (`max_batch_size`, `batch_timeout`), `workers_per_device` inference "
-              "processes, default API servers (one per worker), `fast_queue`. FastAPI + uvicorn: `--workers` "
-              "processes, each with an asyncio micro-batcher running one `answer` per batch on one thread.")
+              "processes, `num_api_servers` HTTP processes (one per worker, its default), `fast_queue`. FastAPI + "
+              "uvicorn: worker processes each on its own `SO_REUSEPORT` socket on the port (uvicorn's `--workers` "
+              "shares one socket, and one worker took every connection at c=16), each with an asyncio "
+              "micro-batcher running one `answer` per batch on one thread. Server CPU covers each server's whole "
+              "process tree.")
+BOTH_CORES_NOTE = ("Whether each peer used both cores under load (median server CPU >= {pct:.0f}%, 100% = one "
+                   "core), its median CPU by process, the whole machine's busy CPU including hypervisor steal "
+                   "(other work = machine - server - load generator) and, below the mark, why.")
 GALLERY_NOTE = ("Build with 2 threads; search with 1 thread (one worker's budget); recall@1 against exact search on "
                 "real held-out queries; index MB = serialized size.")
 
@@ -224,6 +231,20 @@ def _load_rows(runs: list[dict], label: str) -> list[list[str]]:
             for r in runs]
 
 
+def _both_cores_rows(peers: list[dict], cores: int) -> list[list[str]]:
+    rows = []
+    for p in peers:
+        for run in p.get("runs", []):
+            v = cpu_verdict(run, SATURATED_CPU_PCT, SATURATED_FROM_C, cores)
+            if v:
+                machine = ("n/a" if v["machine_busy_pct"] is None
+                           else f"{v['machine_busy_pct']:.0f} ({v['others_pct']:.0f})")
+                rows.append([p["name"], v["concurrency"], f"{v['server_cpu_pct']:.0f}",
+                             "yes" if v["used_both_cores"] else "**no**", v["by_process"] or "n/a", machine,
+                             v["why"] or "-"])
+    return rows
+
+
 CPU_FLAG_NOTE = (f"**below both cores**: at c >= {SATURATED_FROM_C} the server used less than "
                  f"{SATURATED_CPU_PCT:.0f}% CPU (100% = one core), so it did not use the machine's two cores and its "
                  "throughput there understates what it can do; compare with it knowing that.")
@@ -316,6 +337,12 @@ def markdown(results: dict) -> str:
                          [[p["name"], p["label"], f"{p.get('start_to_ready_s', 0):.2f}", p.get("error", "")]
                           for p in peers]), "",
                   _table(LOAD_HEADER, [row for p in peers for row in _load_rows(p.get("runs", []), p["name"])])]
+        cores = _both_cores_rows(peers, (results.get("machine") or {}).get("logical_cores") or 2)
+        if cores:
+            parts += ["", f"### Both cores at c >= {SATURATED_FROM_C}", "",
+                      BOTH_CORES_NOTE.format(pct=SATURATED_CPU_PCT), "",
+                      _table(["peer", "c", "server CPU %", "both cores", "CPU by process",
+                              "machine busy % (other work)", "why not"], cores)]
     side = _side_by_side(results)
     if side:
         parts += ["", f"### Side by side at c={TARGET_C}", "", _table(LOAD_HEADER, side)]

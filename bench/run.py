@@ -31,8 +31,8 @@ from . import ceiling, coldstart, env, gallery, output, report
 from .data import FASHION_DIR, ServingData, embed_images, gallery_vectors, serving_data
 from .grpc_load import GrpcLoad, GrpcUnavailable
 from .loadgen import LoadError, WrkScript, run_wrk
-from .peers import PATH, PeerConfig, launch, wait_ready
-from .procs import ProcessTree, generic_role, stop_group
+from .peers import PATH, PeerConfig, PeerTree, annotate_runs, launch, wait_ready
+from .procs import ProcessTree, stop_group
 from .series import sweep
 from .stats import summarize
 from .torchserve import TorchServeProbe, TorchServeRun, all_configurations, configurations, shipped_config
@@ -186,19 +186,21 @@ def measure_peer(settings: Settings, data: ServingData, cfg: PeerConfig, log_fil
     base = f"http://127.0.0.1:{port}"
     proc = launch(cfg, data.artifacts, port, log_file)
     try:
-        entry["start_to_ready_s"] = wait_ready(proc, base + PATH, data.images[0], log_file)
-        tree = ProcessTree(proc.pid)
+        entry["start_to_ready_s"] = wait_ready(proc, base + PATH, data.images[0], log_file,
+                                               own_sockets=cfg.own_sockets)
+        tree = PeerTree(proc.pid, cfg.name)
         time.sleep(1.0)
-        entry["memory_idle"] = tree.memory(generic_role(proc.pid))
+        entry["memory_idle"] = tree.memory(tree.role)
         script = WrkScript.create(PATH, data.images, None)
         try:
             if settings.warmup_s:
                 run_wrk(base, script, 16, settings.warmup_s)
             entry["runs"] = sweep(lambda c: run_wrk(base, script, c, settings.duration_s), settings.concurrencies,
                                   settings.trials, tree, None, label=cfg.name, log=log)
+            annotate_runs(entry["runs"], tree.windows)
         finally:
             script.remove()
-        entry["memory_loaded"] = tree.memory(generic_role(proc.pid))
+        entry["memory_loaded"] = tree.memory(tree.role)
     except Exception as exc:  # one broken peer must not lose the rest of the run
         log(f"{cfg.name} failed: {exc}")
         entry["error"] = str(exc)

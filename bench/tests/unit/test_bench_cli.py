@@ -14,8 +14,8 @@ import pytest
 from bench import __main__ as cli
 from settings import REPO
 
-#: Modules with a main() that are not benchmarks of their own: the LitServe peer server bench.run launches.
-NOT_SUBCOMMANDS = {"litserve_app"}
+#: Modules with a main() that are not benchmarks of their own: the LitServe and FastAPI peer servers bench.run launches.
+NOT_SUBCOMMANDS = {"litserve_app", "fastapi_app"}
 
 
 def modules_with_main() -> set[str]:
