@@ -32,7 +32,7 @@ from .data import FASHION_DIR, ServingData, embed_images, gallery_vectors, servi
 from .grpc_load import GrpcLoad, GrpcUnavailable
 from .loadgen import LoadError, WrkScript, run_wrk
 from .peers import PATH, PeerConfig, PeerTree, annotate_runs, launch, wait_ready
-from .procs import ProcessTree, stop_group
+from .procs import stop_group
 from .series import sweep
 from .stats import summarize
 from .torchserve import TorchServeProbe, TorchServeRun, all_configurations, configurations, shipped_config
