@@ -148,10 +148,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _NoBar:
+    """What the run uses of a tqdm bar, for runs without one (tqdm is then not imported: it costs start-up)."""
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+    def write(self, text: str, file: TextIO | None = None) -> None:
+        print(text, file=file or sys.stderr)
+
+
 def _progress(total: int, disabled: bool) -> Any:
+    if disabled or not sys.stderr.isatty():
+        return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="img", file=sys.stderr, disable=True if disabled else None, leave=False)
+    return tqdm(total=total, unit="img", file=sys.stderr, leave=False)
 
 
 def _report(bar: Any, outcome: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 #: What a folder contributes: files with these extensions (any case); hidden files and folders are skipped.
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm"})
 FORMATS = ("jsonl", "csv", "json")
+#: The fewest images per request at the end of a run (fewer are not worth a request's fixed cost).
+TAIL_FLOOR = 8
 CSV_COLUMNS = ("image", "pred", "dist", "confidence", "unknown", "neighbours", "error", "status")
 
 
@@ -105,24 +108,42 @@ def _answer_chunk(client: "EmbeddingClient", paths: list[Path], embedding: bool)
     return done
 
 
+def chunk_sizes(total: int, batch_size: int, concurrency: int) -> Iterator[int]:
+    """Images per request, in order, summing to `total`: `batch_size` each while plenty remain, then smaller ones
+    (a ``1 / (2 * concurrency)`` share of what is left, but not below :data:`TAIL_FLOOR` or `batch_size` if smaller),
+    so that the last requests in flight hold little work each and the server's workers finish close together instead
+    of one working through a few full requests while the others wait."""
+    floor = min(batch_size, TAIL_FLOOR)
+    left = total
+    while left > 0:
+        size = min(left, batch_size, max(floor, -(-left // (2 * concurrency))))
+        yield size
+        left -= size
+
+
 def answer_files(client: "EmbeddingClient", paths: Sequence[Path], batch_size: int = 64, concurrency: int = 4, *,
                  embedding: bool = False, on_done: Callable[[int], None] | None = None) -> Iterator[Outcome]:
-    """Every file's Outcome, in the order of `paths`: `batch_size` files per request (gRPC: one per call),
-    `concurrency` requests in flight. `on_done(n)` is called as each chunk of n files is answered. A failure
-    that is not one file's (see the module's docstring) is raised; leaving the loop early sends nothing more."""
+    """Every file's Outcome, in the order of `paths`: up to `batch_size` files per request (see
+    :func:`chunk_sizes`; gRPC: one per call), `concurrency` requests in flight, each file read by the thread that
+    sends it. `on_done(n)` is called as each chunk of n files is answered. A failure that is not one file's (see the
+    module's docstring) is raised; leaving the loop early sends nothing more."""
     if batch_size < 1 or concurrency < 1:
         raise UsageError("--batch-size and --concurrency must be at least 1")
-    chunks = iter([list(paths[i:i + batch_size]) for i in range(0, len(paths), batch_size)])
+    paths = list(paths)
+    sizes = chunk_sizes(len(paths), batch_size, concurrency)
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="batch")
     pending: dict[Future, int] = {}
     finished: dict[int, list[Outcome]] = {}
     submitted = 0
+    position = 0
 
     def submit() -> bool:
-        nonlocal submitted
-        chunk = next(chunks, None)
-        if chunk is None:
+        nonlocal submitted, position
+        size = next(sizes, None)
+        if size is None:
             return False
+        chunk = paths[position:position + size]
+        position += size
         pending[pool.submit(_answer_chunk, client, chunk, embedding)] = submitted
         submitted += 1
         return True
@@ -136,9 +157,9 @@ def answer_files(client: "EmbeddingClient", paths: Sequence[Path], batch_size: i
             for future in done:
                 number = pending.pop(future)
                 finished[number] = future.result()
+                submit()
                 if on_done is not None:
                     on_done(len(finished[number]))
-                submit()
             while emitted in finished:
                 yield from finished.pop(emitted)
                 emitted += 1
@@ -172,14 +193,18 @@ class Summary:
 
 
 class RowWriter:
-    """Predict's output, one row at a time: JSON lines, CSV (header first) or one JSON array."""
+    """Predict's output, one row at a time: JSON lines, CSV (header first) or one JSON array. Rows are flushed at
+    most every `flush_s` seconds (and by close), not one by one: a flush per row cost more client CPU than
+    encoding the requests."""
 
-    def __init__(self, out: TextIO, fmt: str) -> None:
+    def __init__(self, out: TextIO, fmt: str, flush_s: float = 0.5) -> None:
         if fmt not in FORMATS:
             raise UsageError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
         self.out = out
         self.format = fmt
         self.rows = 0
+        self.flush_s = flush_s
+        self._flushed = time.monotonic()
         self.csv = csv.writer(out, lineterminator="\n") if fmt == "csv" else None
         if self.csv is not None:
             self.csv.writerow(CSV_COLUMNS)
@@ -192,13 +217,16 @@ class RowWriter:
         else:
             self.out.write(json.dumps(row) + "\n")
         self.rows += 1
-        self.out.flush()
+        now = time.monotonic()
+        if now - self._flushed >= self.flush_s:
+            self.out.flush()
+            self._flushed = now
 
     def close(self) -> None:
-        """Ends the JSON array (an empty one when no row was written)."""
+        """Ends the JSON array (an empty one when no row was written) and flushes."""
         if self.format == "json":
             self.out.write("\n]\n" if self.rows else "[]\n")
-            self.out.flush()
+        self.out.flush()
 
 
 def _cell(value: Any) -> str:

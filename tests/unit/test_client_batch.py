@@ -21,7 +21,7 @@ import pytest
 
 from client import UsageError
 from client.__main__ import build_parser, sidecar_path
-from client.batch import CSV_COLUMNS, Outcome, RowWriter, Summary, walk
+from client.batch import CSV_COLUMNS, Outcome, RowWriter, Summary, answer_files, chunk_sizes, walk
 from settings import REPO
 from support.http import send_json
 
@@ -317,3 +317,76 @@ def test_the_client_imports_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("total,batch,concurrency", [(1, 64, 4), (8, 3, 2), (100, 64, 4), (2000, 64, 4),
+                                                      (5000, 256, 2), (777, 16, 8), (50, 1, 4)])
+def test_chunks_are_full_while_plenty_remain_then_shrink_to_the_floor(total, batch, concurrency):
+    sizes = list(chunk_sizes(total, batch, concurrency))
+    assert sum(sizes) == total and max(sizes) <= batch and min(sizes) >= 1
+    assert sizes == sorted(sizes, reverse=True)
+    floor = min(batch, 8)
+    assert all(size >= floor for size in sizes[:-1])
+    left = total
+    for size in sizes:  # a full request whenever at least 2 x concurrency full ones remain
+        if left >= 2 * concurrency * batch:
+            assert size == batch
+        left -= size
+
+
+def test_the_tail_of_a_run_is_split_so_the_last_requests_are_small():
+    sizes = list(chunk_sizes(2000, 64, 4))
+    assert sizes[:24] == [64] * 24 and sizes[-8:] == [8] * 7 + [4]
+    assert list(chunk_sizes(8, 8, 4)) == [8] and list(chunk_sizes(8, 3, 2)) == [3, 3, 2]
+
+
+def test_answer_files_keeps_every_files_outcome_in_order_and_each_failure_its_own(tmp_path):
+    from client import EmbeddingClient
+
+    paths = []
+    for i in range(70):
+        path = tmp_path / f"{i:03d}.png"
+        path.write_bytes(b"garbage" if i in (5, 41) else f"digit:{i % 10}".encode())
+        paths.append(path)
+    paths[60].unlink()  # listed, then gone before it is read
+    with handler_like_server() as (url, seen), EmbeddingClient(url, token="t") as client:
+        done: list[int] = []
+        outcomes = list(answer_files(client, paths, batch_size=16, concurrency=2, on_done=done.append))
+    assert [o.path for o in outcomes] == paths and sum(done) == 70
+    failed = {o.path.name: (o.kind, o.status) for o in outcomes if o.failed}
+    assert failed == {"005.png": ("BadImageError", 400), "041.png": ("BadImageError", 400),
+                      "060.png": ("ReadError", None)}
+    assert all(o.answer["pred"] == str(int(o.path.stem) % 10) for o in outcomes if not o.failed)
+    sizes = list(chunk_sizes(70, 16, 2))
+    assert sorted(len(r["images"]) for r in seen) == sorted(s - (1 if sum(sizes[:k]) <= 60 < sum(sizes[:k + 1])
+                                                                 else 0) for k, s in enumerate(sizes))
+    assert {r["form"] for r in seen} == {"v1"}
+
+
+class CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def test_rows_are_flushed_now_and_then_and_on_close_not_one_by_one():
+    rarely, always = CountingStream(), CountingStream()
+    for stream, every in ((rarely, 3600.0), (always, 0.0)):
+        writer = RowWriter(stream, "jsonl", flush_s=every)
+        for i in range(50):
+            writer.write({"image": f"{i}.png", "pred": "1"})
+        writer.close()
+    assert rarely.flushes == 1 and len(rarely.getvalue().splitlines()) == 50
+    assert always.flushes == 51
+
+
+def test_no_progress_bar_means_tqdm_is_not_imported():
+    code = ("import sys, client.__main__ as m; bar = m._progress(3, disabled=False); bar.update(2); "
+            "bar.write('x'); assert 'tqdm' not in sys.modules, 'tqdm imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stderr == "x\n", done.stderr
