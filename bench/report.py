@@ -14,6 +14,8 @@ TARGET_RATIO = 0.5
 TARGET_P99_MS = 25.0
 TARGET_START_S = 6.0
 TARGET_ARCHIVE_S = 10.0
+#: Bulk work (python -m client predict DIR): batched requests at least this share of the in-process ceiling.
+TARGET_BULK_RATIO = 0.8
 SPLIT_ORDER = ("frontend", "queue", "worker_other", "preprocess", "embed", "search")
 SPLIT_COLUMNS = (*SPLIT_ORDER, "outside_handler", "mean_batch")
 CEILING_NOTE = ("`EmbeddingService.answer` on the same PNG bytes, same model, index and preprocessing, no server. "
@@ -28,6 +30,11 @@ SPLIT_NOTE = ("frontend = client mean - TorchServe inference latency; queue = `t
               "waiting for a CPU); "
               "preprocess / embed / search = the handler's per-batch stage times, request-weighted; "
               "outside handler = client mean - handler.")
+BATCHED_NOTE = ("Load: `wrk -t1 -c<c>` posting KServe v1 bodies (`{{\"instances\": [{{\"data\": <base64 PNG>}}, ...]}}`, "
+                "`application/json`) of {batch} request images each to /predictions, what `python -m client predict "
+                "DIR` sends; images/s = req/s x {batch}. Shipped configuration; share = images/s over the best "
+                "in-process ceiling above. End to end through the client (files on disk to JSONL/NPY): "
+                "`python -m bench client-batch` (bench/results/client-batch.md).")
 GRPC_SPLIT_NOTE = ("TorchServe 0.12 does not add gRPC requests to `ts_inference_latency_microseconds` or "
                    "`ts_queue_latency_microseconds`, so only the handler stages and the time outside the handler "
                    "(client mean - handler) are split out.")
@@ -112,6 +119,7 @@ def targets(results: dict) -> list[dict[str, Any]]:
     else:
         out.append(_target(f"REST p99, shipped config, c={TARGET_C}", f"<= {TARGET_P99_MS:.0f} ms", "not measured",
                            None, "", "needs the rest section at c=16"))
+    out.append(_bulk_target(results, shipped, best_ceiling))
     out.append(_peer_target(results, shipped))
     out.append(_best_config_target(results))
     out.append(_gallery_target(results))
@@ -123,6 +131,28 @@ def targets(results: dict) -> list[dict[str, Any]]:
     out.append(_time_target("./archive.sh with existing artifacts", cold.get("archive_s"), TARGET_ARCHIVE_S,
                             f"bootstrap check, Python start, SHA-256 verification, torch-model-archiver zipping; {mar}"))
     return out
+
+
+def _best_batched(shipped: dict | None) -> dict | None:
+    runs = ((shipped or {}).get("batched") or {}).get("runs") or []
+    measured = [r for r in runs if median(r.get("images_per_s")) is not None]
+    return max(measured, key=lambda r: median(r["images_per_s"])) if measured else None
+
+
+def _bulk_target(results: dict, shipped: dict | None, best_ceiling: dict | None) -> dict[str, Any]:
+    name = "REST batched requests (bulk), shipped config"
+    goal = f">= {TARGET_BULK_RATIO:.0%} of the in-process ceiling"
+    run = _best_batched(shipped)
+    if run is None or best_ceiling is None:
+        return _target(name, goal, "not measured", None, "", "needs the ceiling and batched sections")
+    batch = shipped["batched"]["batch"]
+    ceil, images = mid(best_ceiling["images_per_s"]), mid(run["images_per_s"])
+    ratio = images / ceil if ceil else 0.0
+    return _target(name, goal, f"{images:.0f} images/s ({mid(run['throughput']):.0f} req/s x {batch}, c="
+                               f"{run['concurrency']}) = {ratio:.0%} of {ceil:.0f} images/s", ratio >= TARGET_BULK_RATIO,
+                   f"{100 * (ratio - TARGET_BULK_RATIO):+.0f} points",
+                   f"KServe v1 bodies of {batch} images; p99 {mid(run['p99_ms']):.0f} ms per request; "
+                   + _cpu_text(run))
 
 
 def _at_target_c(items: Iterable[Any], runs_of: Any) -> list[tuple[Any, dict]]:
@@ -311,6 +341,7 @@ def markdown(results: dict) -> str:
                            f"{c['start_to_ready_s']:.2f}" if "start_to_ready_s" in c else "-",
                            f"{c['mar_mb']:.1f}" if "mar_mb" in c else "-", c.get("error", "")] for c in ts]),
                   "", _table(LOAD_HEADER, [row for c in ts for row in _load_rows(c.get("runs", []), c["name"])]),
+                  *_batched_section(results),
                   "", "### Latency split (mean ms per request)", "",
                   SPLIT_NOTE, "",
                   _table(["config", "c", "client mean", *(k.replace("_", " ") for k in SPLIT_COLUMNS)],
@@ -384,6 +415,23 @@ def markdown(results: dict) -> str:
     if results.get("plots"):
         parts += ["", "## Plots", "", *(f"![{p}]({p})" for p in results["plots"])]
     return "\n".join(parts) + "\n"
+
+
+def _batched_section(results: dict) -> list[str]:
+    """The batched-requests table (images/s beside req/s) of the shipped configuration, if measured."""
+    shipped = _shipped(results)
+    batched = (shipped or {}).get("batched")
+    if not batched or not batched.get("runs"):
+        return []
+    best = ceiling_best(results)
+    ceil = mid(best["images_per_s"]) if best else float("nan")
+    rows = [[r["concurrency"], fmt(r["throughput"], 1), fmt(r["images_per_s"], 0),
+             f"{mid(r['images_per_s']) / ceil:.0%}" if ceil == ceil and ceil else "n/a",
+             fmt(r["p50_ms"], 1), fmt(r["p99_ms"], 1), str(r["errors"]), fmt(r["server_cpu_pct"], 0)]
+            for r in batched["runs"]]
+    return ["", f"### Batched requests: {batched['batch']} images per request ({batched['label']})", "",
+            BATCHED_NOTE.format(batch=batched["batch"]), "",
+            _table(["c", "req/s", "images/s", "share of ceiling", "p50 ms", "p99 ms", "errors", "server CPU %"], rows)]
 
 
 def _split_cells(run: dict) -> list[str]:

@@ -28,6 +28,7 @@ from settings import DEFAULT_ARTIFACTS, cache_root
 from serving.server import ServerError, free_ports
 
 from . import ceiling, coldstart, env, gallery, output, report
+from .client_batch import v1_bodies, v1_script
 from .data import FASHION_DIR, ServingData, embed_images, gallery_vectors, serving_data
 from .grpc_load import GrpcLoad, GrpcUnavailable
 from .loadgen import LoadError, WrkScript, run_wrk
@@ -37,9 +38,11 @@ from .series import sweep
 from .stats import summarize
 from .torchserve import TorchServeProbe, TorchServeRun, all_configurations, configurations, shipped_config
 
-SECTIONS = ("ceiling", "rest", "grpc", "peers", "coldstart", "gallery")
+SECTIONS = ("ceiling", "rest", "batched", "grpc", "peers", "coldstart", "gallery")
 DEFAULT_CACHE = cache_root() / "bench"
 QUIET_LOAD = 0.3
+#: Seconds per batched trial at least (--quick's 1 s can end before a request of 64 images is answered).
+BATCHED_MIN_S = 3
 PEER_MODULES = {"litserve": ("litserve", "fastapi", "uvicorn"), "fastapi": ("fastapi", "uvicorn")}
 
 
@@ -63,6 +66,9 @@ class Settings:
     peers: list[str]
     configs: list[str] | None = None
     sections: list[str] = field(default_factory=lambda: list(SECTIONS))
+    #: Batched requests on the shipped configuration: images per KServe v1 body, and the concurrencies swept.
+    batched_size: int = 64
+    batched_concurrencies: list[int] = field(default_factory=lambda: [4, 8])
 
     @classmethod
     def for_mode(cls, quick: bool) -> Settings:
@@ -70,7 +76,7 @@ class Settings:
             return cls(quick=True, trials=1, duration_s=1, concurrencies=[1, 4], ceiling_batches=[1, 8],
                        ceiling_layouts=[(2, 1)], ceiling_duration_s=0.5, synthetic_size=5_000, gallery_queries=200,
                        latency_queries=20, latency_budget_s=0.2, request_images=32, grpc_processes=1, build_threads=2,
-                       warmup_s=0, peers=["fastapi", "litserve"])
+                       warmup_s=0, peers=["fastapi", "litserve"], batched_concurrencies=[4])
         return cls(quick=False, trials=3, duration_s=3, concurrencies=[1, 4, 16, 64], ceiling_batches=[1, 8, 32, 128],
                    ceiling_layouts=[(2, 1), (1, 2)], ceiling_duration_s=2.0, synthetic_size=1_000_000,
                    gallery_queries=1000, latency_queries=200, latency_budget_s=1.5, request_images=256,
@@ -94,7 +100,7 @@ def run_torchserve(settings: Settings, data: ServingData, root: Path) -> tuple[l
                else [c for c in all_configurations() if c.name in settings.configs])
     for cfg in configs:
         needs_rest = "rest" in settings.sections
-        if not needs_rest and not (cfg.shipped and {"grpc", "coldstart"} & set(settings.sections)):
+        if not needs_rest and not (cfg.shipped and {"batched", "grpc", "coldstart"} & set(settings.sections)):
             continue
         artifacts = data.variants.get(cfg.index) if cfg.index else data.artifacts
         if artifacts is None:
@@ -112,7 +118,7 @@ def run_torchserve(settings: Settings, data: ServingData, root: Path) -> tuple[l
             entry["error"] = str(exc)
         finally:
             shutil.rmtree(ts.workdir, ignore_errors=True)
-        if needs_rest:
+        if needs_rest or "batched" in entry:
             rest.append(entry)
     return rest, grpc_result, start_times
 
@@ -134,6 +140,8 @@ def measure_torchserve(settings: Settings, data: ServingData, ts: TorchServeRun,
                                   label=f"REST {ts.cfg.name}", log=log)
     finally:
         script.remove()
+    if ts.cfg.shipped and "batched" in settings.sections:
+        entry["batched"] = run_batched(settings, data, ts)
     grpc_result = run_grpc(settings, data, ts) if ts.cfg.shipped and "grpc" in settings.sections else None
     entry["memory_loaded"] = ts.memory()
     if ts.cfg.shipped and "coldstart" in settings.sections:
@@ -144,6 +152,24 @@ def measure_torchserve(settings: Settings, data: ServingData, ts: TorchServeRun,
             start_times.append(ts.start())
             log(f"  restart: READY in {start_times[-1]:.2f} s")
     return grpc_result
+
+
+def run_batched(settings: Settings, data: ServingData, ts: TorchServeRun) -> dict:
+    """wrk posting KServe v1 bodies of `batched_size` request images each (what `python -m client predict DIR`
+    sends) to the shipped TorchServe: req/s and, beside it, images/s = req/s x images per request."""
+    batch = settings.batched_size
+    seconds = max(settings.duration_s, BATCHED_MIN_S)
+    script = v1_script(ts.predict_path, v1_bodies(data.images, batch), ts.token())
+    try:
+        runs = sweep(lambda c: run_wrk(ts.rest_base, script, c, seconds, timeout_s=60),
+                     settings.batched_concurrencies, settings.trials, ts.tree, None,
+                     label=f"REST batched x{batch}", log=log)
+    finally:
+        script.remove()
+    for run in runs:
+        run["images_per_s"] = summarize(trial["throughput"] * batch for trial in run["trials"])
+        log(f"  REST batched x{batch} c={run['concurrency']:<3d} {run['images_per_s']['median'] or 0:8.1f} images/s")
+    return {"config": ts.cfg.name, "label": ts.cfg.label, "batch": batch, "duration_s": seconds, "runs": runs}
 
 
 def run_grpc(settings: Settings, data: ServingData, ts: TorchServeRun) -> dict:
