@@ -7,6 +7,8 @@
 # glyphs; fonts-liberation and fonts-freefont-ttf render the printed digits the product-quality tests check;
 # dataset-fashion-mnist is the open-set exam of the digit model and the second dataset (full-frame profile).
 # chromium opens the HTML model report in the report test (a real headless browser).
+# nginx with lua-nginx-module fronts TorchServe in the serving runtime (serving/nginx_front.py), on the host in
+# tests and benchmarks as in the image; Debian's own nginx service is stopped again after the install.
 # The uploads exam of the digit model (training/uploads.py, docs/non-digits.md) is made of the Adwaita and hicolor
 # icon themes, Glyphicons Halflings, Font Awesome, Noto Color Emoji (about 10 MB) and the Liberation/FreeFont faces.
 # Installs only what is missing, as root.
@@ -24,6 +26,8 @@ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || 
 [ -d /usr/share/fonts/truetype/freefont ] || missing+=(fonts-freefont-ttf)
 [ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)  # the open-set exam, the second dataset
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # renders the HTML report in its test
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)  # the serving runtime's front
+[ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ] || missing+=(libnginx-mod-http-lua)
 [ -d /usr/share/icons/Adwaita ] || missing+=(adwaita-icon-theme)  # the uploads exam
 [ -f /usr/share/icons/hicolor/index.theme ] || missing+=(hicolor-icon-theme)
 [ -f /usr/share/fonts/truetype/glyphicons/glyphicons-halflings-regular.ttf ] || missing+=(fonts-glyphicons-halflings)
@@ -45,3 +49,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
   || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; } \
   || { echo "system-deps: apt-get install ${missing[*]} failed" >&2; exit 1; }
+if [[ " ${missing[*]} " == *" nginx "* ]]; then
+  # Debian starts its own nginx service on port 80; the tests run their own nginx processes.
+  { invoke-rc.d nginx stop || service nginx stop; } >/dev/null 2>&1 || true
+fi

@@ -23,19 +23,27 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 from urllib.parse import urlsplit
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from settings import GATEWAY_METRICS_KEY, read_properties
+
+if TYPE_CHECKING:
+    from serving.nginx_front import FrontState
 
 logger = logging.getLogger("kserve_runtime.metrics")
 # No *_created series: a gauge per label set that no rule reads (this process holds no other metrics).
 disable_created_metrics()
 
 REQUEST_SECONDS = "embedding_request_duration_seconds"
+REQUEST_SECONDS_HELP = ("Time from a request's arrival at the gateway to its answer "
+                        "(queue, batching and handler in TorchServe included)")
 LABELS = ("model_name", "model_version", "code")
 #: Around the 25 ms p99 target (a lone request waits the 50 ms batch delay at most), up to the 30 s response
 #: timeout: histogram_quantile interpolates inside a bucket, so the target itself is a bucket edge.
@@ -74,9 +82,11 @@ class GatewayMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
-        self.seconds = Histogram(REQUEST_SECONDS, "Time from a request's arrival at the gateway to its answer "
-                                 "(queue, batching and handler in TorchServe included)", LABELS,
-                                 buckets=BUCKETS, registry=self.registry)
+        self.seconds = Histogram(REQUEST_SECONDS, REQUEST_SECONDS_HELP, LABELS, buckets=BUCKETS,
+                                 registry=self.registry)
+        #: Set when nginx fronts the gateway (serving.nginx_front): nginx sees every request and keeps the
+        #: histogram, read from it at each scrape; the gateway then observes nothing itself.
+        self.front: Callable[[], Awaitable[FrontState]] | None = None
         self._runner: web.AppRunner | None = None
         self._session: ClientSession | None = None
 
@@ -128,7 +138,8 @@ class GatewayMetrics:
 
     def install(self, app: web.Application) -> None:
         """Time `app`'s requests (outermost middleware: refusals count too) and serve /metrics while it runs."""
-        app.middlewares.insert(0, self.middleware)
+        if self.front is None:
+            app.middlewares.insert(0, self.middleware)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
 
@@ -142,7 +153,14 @@ class GatewayMetrics:
                     raise ClientError(f"HTTP {upstream.status}")
         except (ClientError, asyncio.TimeoutError) as exc:
             return web.Response(status=503, text=f"TorchServe metrics at {self.torchserve_metrics}: {exc}\n")
-        return web.Response(body=generate_latest(self.registry) + body,
+        if self.front is not None:
+            try:
+                histogram = front_histogram(await self.front(), self.model)
+            except (ClientError, asyncio.TimeoutError, OSError) as exc:
+                return web.Response(status=503, text=f"the nginx front's histogram: {exc}\n")
+        else:
+            histogram = generate_latest(self.registry)
+        return web.Response(body=histogram + body,
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def _start(self, _: web.Application) -> None:
@@ -164,3 +182,26 @@ class GatewayMetrics:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+
+
+class _Families(Collector):
+    def __init__(self, *families: HistogramMetricFamily) -> None:
+        self.families = families
+
+    def collect(self):  # noqa: ANN201 (prometheus_client's interface)
+        return iter(self.families)
+
+
+def front_histogram(state: "FrontState", model: str, buckets: tuple[float, ...] = BUCKETS) -> bytes:
+    """The nginx front's counts (per bucket, per version and status) as the gateway's own histogram reads."""
+    family = HistogramMetricFamily(REQUEST_SECONDS, REQUEST_SECONDS_HELP, labels=LABELS)
+    edges = [floatToGoString(b) for b in buckets] + ["+Inf"]
+    for (version, status), (counts, total) in sorted(state.histogram.items()):
+        running, cumulative = 0, []
+        for edge, count in zip(edges, counts):
+            running += count
+            cumulative.append((edge, running))
+        family.add_metric([model, version, status], cumulative, total)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(family))
+    return generate_latest(registry)

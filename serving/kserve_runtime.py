@@ -53,7 +53,8 @@ from urllib.parse import quote, urlsplit
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 from aiohttp.web_protocol import RequestPayloadError
 
-from serving.gateway_metrics import GatewayMetrics
+from serving.gateway_metrics import BUCKETS, GatewayMetrics
+from serving.nginx_front import Front, FrontError, FrontSettings
 from serving.torchserve_env import torchserve_environment
 from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_INPUTS, V2_OUTPUTS
 from settings import KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, LOG_CONFIG_FILE, read_properties
@@ -95,6 +96,8 @@ OFF_LOOP_BYTES = 256 * 1024
 T = TypeVar("T")
 #: The platform the v2 model metadata names.
 V2_PLATFORM = "pytorch_torchscript"
+#: What may listen on the HTTP port, the default first (see serving.nginx_front for the measurement).
+FRONTS = ("nginx", "aiohttp")
 
 
 class RuntimeConfigError(Exception):
@@ -111,6 +114,8 @@ class Upstream:
     versions: tuple[str, ...]
     max_request_size: int
     response_timeout_s: float
+    #: The version that answers paths naming none (model_snapshot's defaultVersion, else its first).
+    default_version: str = ""
 
     @classmethod
     def from_config(cls, ts_config: Path, model: str | None = None) -> "Upstream":
@@ -136,9 +141,12 @@ class Upstream:
             model = next(iter(models))
         if model not in models:
             raise RuntimeConfigError(f"{ts_config}: model {model!r} is not in model_snapshot")
+        entries = models[model]
+        default = next((v for v, e in entries.items() if isinstance(e, dict) and e.get("defaultVersion")),
+                       next(iter(entries), ""))
         return cls(addresses["inference_address"], addresses["management_address"], model,
-                   tuple(models[model]), int(props.get("max_request_size", 6553500)),  # TorchServe's own default
-                   float(props.get("default_response_timeout", 120)))
+                   tuple(entries), int(props.get("max_request_size", 6553500)),  # TorchServe's own default
+                   float(props.get("default_response_timeout", 120)), default)
 
 
 def _json(status: int, body: dict) -> web.Response:
@@ -180,6 +188,8 @@ class Gateway:
         self.api_key = api_key.encode() if api_key else None
         self.session: ClientSession | None = None
         self.drain = Drain()
+        #: The nginx front when one listens in front of the gateway (serving.nginx_front).
+        self.front: Front | None = None
         self._ready: tuple[float, bool] = (0.0, False)
 
     def app(self) -> web.Application:
@@ -497,7 +507,10 @@ class ShutdownTimes:
 
 
 async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: int, times: ShutdownTimes,
-                 grpc_port: int | None = None, grpc_required: bool = False) -> int:
+                 grpc_port: int | None = None, grpc_required: bool = False,
+                 front: FrontSettings | None = None) -> int:
+    """Serve until a signal or TorchServe's (or nginx's) exit; `front`: nginx listens on `host`:`port` and the
+    gateway on loopback at ``front.gateway_port``."""
     loop = asyncio.get_running_loop()
     stop, hurry = asyncio.Event(), asyncio.Event()
     signalled_at: list[float] = []
@@ -513,28 +526,40 @@ async def _serve(gateway: Gateway, server: subprocess.Popen, host: str, port: in
         loop.add_signal_handler(sig, on_signal)
     runner = web.AppRunner(gateway.app(), access_log=None, shutdown_timeout=EXIT_MARGIN_S)
     await runner.setup()
-    await web.TCPSite(runner, host, port, reuse_address=True).start()
-    grpc_server = None
-    if grpc_port is not None:
-        try:
+    await web.TCPSite(runner, "127.0.0.1" if front else host, front.gateway_port if front else port,
+                      reuse_address=True).start()
+    grpc_server = nginx = None
+    try:
+        if front is not None:
+            nginx = Front.start(front, dict(os.environ))
+            await nginx.wait_started()
+            gateway.front = nginx
+        if grpc_port is not None:
             grpc_server = await _start_grpc(gateway, host, grpc_port, grpc_required)
-        except GrpcStartError as exc:
-            logger.error("%s", exc)
-            await runner.cleanup()
-            await loop.run_in_executor(None, _stop_group, server, TORCHSERVE_STOP_S)
-            return 2
-    logger.info("gateway on %s:%d%s -> TorchServe %s (model %s, auth %s)", host, port,
-                f" (Open Inference gRPC on {grpc_port})" if grpc_server is not None else "",
+    except (GrpcStartError, FrontError) as exc:
+        logger.error("%s", exc)
+        if nginx is not None:
+            await _stop_front(nginx, EXIT_MARGIN_S)
+        await runner.cleanup()
+        await loop.run_in_executor(None, _stop_group, server, TORCHSERVE_STOP_S)
+        return 2
+    logger.info("%s on %s:%d%s -> TorchServe %s (model %s, auth %s)", "nginx front" if nginx else "gateway",
+                host, port, f" (Open Inference gRPC on {grpc_port})" if grpc_server is not None else "",
                 gateway.upstream.inference, gateway.upstream.model, "bearer key" if gateway.api_key else "OFF")
     exited = loop.run_in_executor(None, server.wait)
+    watched = {exited}
+    if nginx is not None:
+        watched.add(loop.run_in_executor(None, nginx.process.wait))
     stopping = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({exited, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if exited.done() and not stop.is_set():
+    await asyncio.wait({*watched, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if any(w.done() for w in watched) and not stop.is_set():
         stopping.cancel()
-        code = exited.result()
-        logger.error("TorchServe exited (code %s) without being asked to: exiting so the pod is restarted", code)
+        what, code = ("TorchServe", exited.result()) if exited.done() else ("nginx", nginx.process.returncode)
+        logger.error("%s exited (code %s) without being asked to: exiting so the pod is restarted", what, code)
         if grpc_server is not None:
             await grpc_server.stop(grace=EXIT_MARGIN_S)
+        if nginx is not None:
+            await _stop_front(nginx, EXIT_MARGIN_S)
         await runner.cleanup()
         await loop.run_in_executor(None, _stop_group, server, TORCHSERVE_STOP_S)
         return code or 1
@@ -558,8 +583,10 @@ async def _shutdown(gateway: Gateway, runner: web.AppRunner, grpc_server: Any, t
     calls, and both wait for the calls in flight; the listeners close once nothing is in flight and no request
     came for QUIET_S, or when only TORCHSERVE_STOP_S of the grace period is left.
     """
-    drain = gateway.drain
+    drain, nginx = gateway.drain, gateway.front
     drain.draining = True
+    if nginx is not None:
+        await _set_drain(nginx, "draining")
     logger.info("SIGTERM: readiness is 503; serving %.0f s more while the pod leaves the Service's endpoints",
                 times.delay)
     hurried = asyncio.ensure_future(hurry.wait())
@@ -569,16 +596,35 @@ async def _shutdown(gateway: Gateway, runner: web.AppRunner, grpc_server: Any, t
         hurried.cancel()
     drain.refusing = True
     deadline = started + times.grace - TORCHSERVE_STOP_S
-    logger.info("refusing new requests; %d HTTP requests in flight", drain.in_flight)
+    in_flight = drain.in_flight
+    if nginx is not None:
+        in_flight = (await _set_drain(nginx, "refusing")) or in_flight
+    logger.info("refusing new requests; %d HTTP requests in flight", in_flight)
     grpc_stop = None
     if grpc_server is not None:
         grpc_stop = asyncio.ensure_future(grpc_server.stop(grace=max(deadline - time.monotonic(), 0.0)))
-    if not await drain.settled(deadline):
-        logger.warning("%d HTTP requests still in flight at the end of the drain: they are cancelled",
-                       drain.in_flight)
+    settled = await (nginx.settled(deadline, QUIET_S) if nginx is not None else drain.settled(deadline))
+    if not settled:
+        logger.warning("HTTP requests still in flight at the end of the drain: they are cancelled")
     if grpc_stop is not None:
         await grpc_stop
+    if nginx is not None:
+        await _stop_front(nginx, max(deadline - time.monotonic(), EXIT_MARGIN_S))
     await runner.cleanup()
+
+
+async def _set_drain(nginx: Front, drain: str) -> int | None:
+    """Tell nginx the drain state; the requests it has in flight, or None when it did not answer."""
+    try:
+        return (await nginx.set_drain(drain)).in_flight
+    except (ClientError, asyncio.TimeoutError, OSError) as exc:
+        logger.warning("nginx front did not take the drain state %s: %s", drain, exc)
+        return None
+
+
+async def _stop_front(nginx: Front, grace_s: float) -> None:
+    await nginx.close()
+    await asyncio.get_running_loop().run_in_executor(None, nginx.stop, grace_s)
 
 
 def _stop_group(server: subprocess.Popen, grace_s: float) -> None:
@@ -650,6 +696,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         default=_env_seconds(TERMINATION_GRACE_ENV, TERMINATION_GRACE_S),
                         help=f"the pod's terminationGracePeriodSeconds: the whole shutdown ends within it "
                              f"(${TERMINATION_GRACE_ENV}, default {TERMINATION_GRACE_S:g})")
+    parser.add_argument("--front", choices=FRONTS, default=FRONTS[0],
+                        help="what listens on --http-port: nginx (inference straight to TorchServe, the rest to "
+                             "the gateway; needs Debian's nginx and libnginx-mod-http-lua) or the aiohttp gateway "
+                             "alone (every request through Python); default %(default)s")
     parser.add_argument("--allow-unauthenticated", action="store_true",
                         help=f"serve without {API_KEY_ENV} (only behind a mesh policy that authenticates callers)")
     return parser.parse_args(argv)
@@ -685,8 +735,28 @@ def main(argv: list[str] | None = None) -> int:
                               start_new_session=True,
                               env=torchserve_environment(os.environ))
     grpc_port = KSERVE_GRPC_PORT if args.grpc_port is None else args.grpc_port
-    return asyncio.run(_serve(Gateway(upstream, api_key, metrics), server, args.http_host, args.http_port,
-                              times, grpc_port if grpc_port > 0 else None, args.grpc_port is not None))
+    gateway = Gateway(upstream, api_key, metrics)
+    front = None
+    if args.front == "nginx":
+        front = front_settings(upstream, args, api_key is not None, times)
+        if metrics is not None:
+            metrics.front = lambda: gateway.front.state()
+    return asyncio.run(_serve(gateway, server, args.http_host, args.http_port, times,
+                              grpc_port if grpc_port > 0 else None, args.grpc_port is not None, front))
+
+
+def front_settings(upstream: Upstream, args: argparse.Namespace, require_key: bool,
+                   times: ShutdownTimes) -> FrontSettings:
+    """The nginx front for `upstream`, the gateway moved to a free loopback port."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the gateway; nginx reaches it on loopback only
+        probe.bind(("127.0.0.1", 0))
+        gateway_port = probe.getsockname()[1]
+    runtime = Path(os.environ.get("TMPDIR") or "/tmp") / f"nginx-front-{os.getpid()}"
+    return FrontSettings(args.http_host, args.http_port, upstream.inference, gateway_port, upstream.model,
+                         upstream.versions, upstream.default_version, upstream.max_request_size, upstream.response_timeout_s, require_key,
+                         BUCKETS, max(times.grace - times.delay - TORCHSERVE_STOP_S, 1.0), runtime)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from support.containers import http_get
 
 from pipeline.kserve_deploy import stage_layout
 from settings import REPO, read_properties, with_ports, write_properties
-from serving.kserve_runtime import API_KEY_ENV, RuntimeConfigError, Upstream
+from serving.kserve_runtime import API_KEY_ENV, FRONTS, RuntimeConfigError, Upstream
 from serving.server import free_ports
 
 
@@ -79,10 +79,11 @@ def test_config_the_gateway_cannot_front_is_refused(layout, tmp_path, change, me
 
 
 @pytest.mark.serving
-def test_gateway_in_front_of_a_real_torchserve(layout, tmp_path):
+@pytest.mark.parametrize("front", FRONTS)
+def test_gateway_in_front_of_a_real_torchserve(layout, tmp_path, front):
     (port,) = free_ports(1)
     url, key = f"http://127.0.0.1:{port}", "k" * 32
-    proc = runtime(layout, tmp_path, port, key)
+    proc = runtime(layout, tmp_path, port, key, f"--front={front}")
     try:
         wait_ready(url, proc, 120)
         assert json.loads(http_get(url + "/v2/health/live")[1]) == {"live": True}
@@ -196,7 +197,7 @@ def test_v1_json_without_a_content_type_is_read_as_json(gateway, digits):
         connection.close()
     status, headers, answer = send(url, "/v1/models/embedding:predict", key, png, {"Content-Type": "image/png"})
     assert status == 400 and headers["Content-Type"] == "application/json"
-    assert "KServe v1 body is not JSON" in json.loads(answer)["error"]
+    assert "not valid JSON" in json.loads(answer)["error"]  # the handler's word: nginx sends v1 straight on
 
 
 def test_v2_binary_tensors_in_and_out_equal_the_json_answer(gateway, digits):
@@ -266,3 +267,122 @@ def test_bad_v2_bodies_are_a_4xx_with_a_json_message(gateway, digits, data, head
     got, _, body = send(url, "/v2/models/embedding/infer", key, good)
     assert got == 200, body[:300]
     assert read_outputs({}, body)["label"].tolist() == ["2"]
+
+
+def metric_counts(metrics_url: str) -> dict[tuple[str, str], float]:
+    """(model_version, code) -> embedding_request_duration_seconds_count on the gateway's metrics port."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body = http_get(metrics_url)
+    assert status == 200, body[:300]
+    counts = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == "embedding_request_duration_seconds_count":
+                assert sample.labels["model_name"] == "embedding"
+                counts[(sample.labels["model_version"], sample.labels["code"])] = sample.value
+    return counts
+
+
+def nginx_master(proc: subprocess.Popen) -> int:
+    """The pid of the nginx master the runtime started."""
+    children = subprocess.run(["pgrep", "-P", str(proc.pid), "-x", "nginx"], capture_output=True, text=True)
+    pids = [int(p) for p in children.stdout.split()]
+    assert len(pids) == 1, f"nginx masters under {proc.pid}: {pids}"
+    return pids[0]
+
+
+@pytest.mark.serving
+def test_nginx_front_keeps_the_gateways_contract(layout, tmp_path, digits):
+    """Inference straight to TorchServe behind nginx keeps what the gateway gave: the key (same parsing), the
+    request histogram the alerts read (no series for made-up models), JSON errors, and the drain: answers close
+    their keep-alive connection from SIGTERM on, then new requests get 503, and the runtime exits 0."""
+    port, metrics_port = free_ports(2)
+    props = read_properties(layout / "config" / "config.properties")
+    props["gateway_metrics_address"] = f"http://127.0.0.1:{metrics_port}"
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    write_properties(props, config_dir / "config.properties")
+    url, key = f"http://127.0.0.1:{port}", "n" * 32
+    log = tmp_path / "runtime.log"
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+    env.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), API_KEY_ENV: key})
+    proc = subprocess.Popen([sys.executable, "-m", "serving.kserve_runtime", f"--model-store={layout}/model-store",
+                             f"--ts-config={config_dir}/config.properties", f"--http-port={port}",
+                             "--http-host=127.0.0.1", "--grpc-port=0", "--front=nginx", "--shutdown-delay=2"],
+                            cwd=tmp_path, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    png = user_digit_png(digits[1])
+    try:
+        wait_ready(url, proc, 120, log)
+        assert send(url, "/predictions/embedding", key, png, {"Content-Type": "image/png"})[0] == 200
+        for scheme in ("bearer", "BEARER  "):  # the gateway's parsing: scheme case-insensitive, key stripped
+            request = urllib.request.Request(url + "/predictions/embedding", data=png, method="POST",
+                                             headers={"Authorization": f"{scheme} {key} ", "Content-Type": "image/png"})
+            with urllib.request.urlopen(request, timeout=60) as response:
+                assert json.loads(response.read())["pred"] == "7"
+        for wrong in (key[:-1], key + "x", "", f"Basic {key}"):
+            status, headers, body = send(url, "/predictions/embedding", wrong, png, {"Content-Type": "image/png"})
+            assert status == 401 and headers["Content-Type"] == "application/json", (wrong, status)
+            assert "bearer key" in json.loads(body)["error"]
+        # A form-labelled image (curl --data-binary) and a gzip v1 body go through the gateway and still work.
+        assert json.loads(send(url, "/predictions/embedding", key, png,
+                               {"Content-Type": "application/x-www-form-urlencoded"})[2])["pred"] == "7"
+        v1 = json.dumps({"instances": [{"data": base64.b64encode(png).decode()}]}).encode()
+        status, _, body = send(url, "/v1/models/embedding:predict", key, gzip.compress(v1),
+                               {"Content-Encoding": "gzip", "Content-Type": "application/json"})
+        assert status == 200 and json.loads(body)["predictions"][0]["pred"] == "7"
+        status, headers, body = send(url, "/predictions/embedding", key, b"\0" * (9 * 1024 * 1024))
+        assert status == 413 and json.loads(body)["error"] == "request body larger than 8388608 bytes"
+        assert send(url, "/predictions/nothere", key, png)[0] == 404
+
+        counts = metric_counts(f"http://127.0.0.1:{metrics_port}/metrics")
+        assert counts[("1.0", "200")] >= 5 and counts[("1.0", "401")] == 4, counts
+        assert all(version == "1.0" for version, _ in counts), counts  # nothing for made-up names
+
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "image/png"}
+        connection.request("POST", "/predictions/embedding", png, headers)
+        first = connection.getresponse()
+        first.read()
+        assert first.status == 200 and not first.will_close
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while http_get(url + "/v2/health/ready")[0] != 503:
+            assert time.monotonic() < deadline, "readiness did not turn 503 after SIGTERM"
+            time.sleep(0.05)
+        connection.request("POST", "/predictions/embedding", png, headers)
+        last = connection.getresponse()
+        assert last.status == 200 and json.loads(last.read())["pred"] == "7"
+        assert last.will_close, "an answer during the drain kept its connection open"
+        connection.close()
+        refused = None
+        while refused is None and time.monotonic() < deadline:
+            try:
+                refused = send(url, "/predictions/embedding", key, png, {"Content-Type": "image/png"})[0]
+                refused = refused if refused == 503 else None
+            except urllib.error.URLError:  # the listener closed once nothing was in flight
+                refused = "refused"
+            time.sleep(0.1)
+        assert refused in (503, "refused")
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+        assert "nginx front on 127.0.0.1" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.serving
+def test_nginx_dying_makes_the_runtime_exit_non_zero(layout, tmp_path):
+    (port,) = free_ports(1)
+    log = tmp_path / "runtime.log"
+    proc = runtime(layout, tmp_path, port, "d" * 32, "--front=nginx", "--grpc-port=0", log=log)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, 120, log)
+        os.kill(nginx_master(proc), signal.SIGKILL)
+        assert proc.wait(timeout=40) != 0
+        assert "nginx exited (code -9) without being asked to" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
