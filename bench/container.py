@@ -6,9 +6,11 @@ set, see :mod:`bench.data`) the .mar is staged as KServe's storage initializer l
 
 - ``container``: the serving image from ``scripts/build-images.sh``, run as deploy/kserve/servingruntime.yaml
   describes it (command, args, env, uid), /mnt/models mounted read-only, port 8080 published on loopback;
-- ``host gateway``: the same ``python -m serving.kserve_runtime`` command on the host, same directory;
+- ``host nginx`` / ``host aiohttp``: the same ``python -m serving.kserve_runtime`` command on the host, same
+  directory, with ``--front nginx`` (the default: nginx sends inference straight to TorchServe) or
+  ``--front aiohttp`` (every request through the Python gateway), the two candidates side by side;
 - ``torchserve``: TorchServe alone on the host with the same config.properties, requests straight to
-  127.0.0.1:8085 (no gateway, no key), to show what the gateway costs.
+  127.0.0.1:8085 (no gateway, no key), to show what the front costs.
 
 Start-to-ready is timed from the start command until the readiness check answers 200, polled every
 0.1 s (container: ``podman run`` to ``/v2/health/ready``, 3 runs). Load is wrk (:mod:`bench.loadgen`)
@@ -69,7 +71,11 @@ POLL_S = 0.1
 STOP_TIMEOUT_S = 5
 BODIES = {"png": f"/predictions/{MODEL}", "v1": f"/v1/models/{MODEL}:predict"}
 N_IMAGES = 64
-SERVERS = ("container", "host gateway", "torchserve")
+SERVERS = ("container", "host nginx", "host aiohttp", "torchserve")
+#: The target: what the image serves, against TorchServe alone, at these concurrencies.
+TARGET_CONCURRENCY = (16, 64)
+TARGET_RPS_RATIO = 0.9
+TARGET_P99_RATIO = 1.2
 
 
 def log(line: str) -> None:
@@ -223,8 +229,10 @@ def start_container(images: dict, mnt: Path, name: str, limits: dict[str, str] |
     return Server("container", base, key, ready, ProcessTree(pid), stop, {"run_command_s": run_s})
 
 
-def start_host(mnt: Path, workdir: Path, gateway: bool) -> Server:
-    """`python -m serving.kserve_runtime` (gateway) or `torchserve` alone on the host, same staged directory."""
+def start_host(mnt: Path, workdir: Path, front: str | None) -> Server:
+    """`python -m serving.kserve_runtime --front FRONT` or (None) `torchserve` alone on the host, same staged
+    directory."""
+    gateway = front is not None
     ensure_ports_free()
     workdir.mkdir(parents=True, exist_ok=True)
     store, config = mnt / "model-store", mnt / "config" / "config.properties"
@@ -235,7 +243,7 @@ def start_host(mnt: Path, workdir: Path, gateway: bool) -> Server:
                "PYTHONPATH": str(REPO), API_KEY_ENV: key}
     if gateway:
         cmd = [sys.executable, "-m", "serving.kserve_runtime", f"--model-store={store}", f"--ts-config={config}",
-               f"--http-port={port}", "--http-host=127.0.0.1"]
+               f"--http-port={port}", "--http-host=127.0.0.1", f"--front={front}"]
     else:
         cmd = [str(venv_bin / "torchserve"), "--foreground", "--ncs", "--model-store", str(store), "--ts-config",
                str(config)]
@@ -256,7 +264,7 @@ def start_host(mnt: Path, workdir: Path, gateway: bool) -> Server:
         log((workdir / "server.log").read_text(errors="replace")[-1500:])
         stop()
         raise
-    return Server("host gateway" if gateway else "torchserve", base, key if gateway else None, ready,
+    return Server(f"host {front}" if gateway else "torchserve", base, key if gateway else None, ready,
                   ProcessTree(proc.pid), stop)
 
 
@@ -362,8 +370,9 @@ def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -
     result["container_start_errors"] = errors
     starters: dict[str, Callable[[], Server]] = {
         "container": lambda: start_container(images, mnt, f"bench-container-{name}-{secrets.token_hex(3)}"),
-        "host gateway": lambda: start_host(mnt, root / name / "host-gateway", gateway=True),
-        "torchserve": lambda: start_host(mnt, root / name / "torchserve", gateway=False),
+        "host nginx": lambda: start_host(mnt, root / name / "host-nginx", front="nginx"),
+        "host aiohttp": lambda: start_host(mnt, root / name / "host-aiohttp", front="aiohttp"),
+        "torchserve": lambda: start_host(mnt, root / name / "torchserve", front=None),
     }
     rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in starters}
     for trial in range(args.trials):
@@ -399,6 +408,28 @@ def ratio(a: dict | None, b: dict | None) -> str:
     return f"{x / y:.2f}" if x and y else "n/a"
 
 
+def p99_ratio(a: dict | None, b: dict | None) -> str:
+    x, y = (median(r["p99_ms"]) if r else None for r in (a, b))
+    return f"{x / y:.2f}" if x and y else "n/a"
+
+
+def cpu_per_request(row: dict) -> str:
+    """The server's CPU µs per answered request (100% CPU = one core for one second)."""
+    cpu, rps = median(row["server_cpu_pct"]), median(row["throughput"])
+    return f"{cpu / 100 / rps * 1e6:.0f}" if cpu and rps else "n/a"
+
+
+def target_status(served: dict | None, alone: dict | None, concurrency: int) -> str:
+    if concurrency not in TARGET_CONCURRENCY:
+        return ""
+    if not served or not alone:
+        return "n/a"
+    rps = median(served["throughput"]) / median(alone["throughput"])
+    p99 = median(served["p99_ms"]) / median(alone["p99_ms"])
+    met = rps >= TARGET_RPS_RATIO and p99 <= TARGET_P99_RATIO
+    return f"{'met' if met else '**missed**'} ({rps:.2f}x req/s, {p99:.2f}x p99)"
+
+
 def markdown(results: dict) -> str:
     image = results["image"]
     lines = [
@@ -414,18 +445,21 @@ def markdown(results: dict) -> str:
         f"{N_IMAGES} held-out PNG digits (dark on white, 112x112) cycled, raw to `{BODIES['png']}` or as KServe v1 "
         f"`{{\"instances\": [{{\"data\": <base64>}}]}}` to `{BODIES['v1']}`. CPU: 100% = one core, per process tree "
         "(container: its PID 1 and descendants, seen from the host).",
-        "- Servers: `container` = the image as the ServingRuntime runs it, port 8080 published on 127.0.0.1; "
-        "`host gateway` = `python -m serving.kserve_runtime` on the host with the same /mnt/models directory; "
-        "`torchserve` = TorchServe alone on the host, same config.properties, requests straight to "
-        f"127.0.0.1:{INFERENCE_PORT} (no gateway, no key).", "",
+        "- Servers: `container` = the image as the ServingRuntime runs it (nginx front), port 8080 published on "
+        "127.0.0.1; `host nginx` / `host aiohttp` = `python -m serving.kserve_runtime --front nginx|aiohttp` on the "
+        "host with the same /mnt/models directory; `torchserve` = TorchServe alone on the host, same "
+        f"config.properties, requests straight to 127.0.0.1:{INFERENCE_PORT} (no front, no key). "
+        "CPU µs/request = the server's CPU time per answered request (its whole process tree): the cost that "
+        "decides throughput once both cores are busy, and the figure least disturbed by other work on the machine.",
+        "",
         "## Start to ready", "",
         f"Container: from `{image['engine']} run -d` until `/v2/health/ready` answers 200, polled every 0.1 s (the "
         "gateway caches readiness for 1 s), on an otherwise idle server; the other columns are the starts of the "
         "load rounds, polled the same way (TorchServe alone: a worker READY in its management API). Stop = "
         f"`{image['engine']} rm -f -t {STOP_TIMEOUT_S}` / SIGTERM to the host process group until all exited.",
         "",
-        "| gallery | container s | container (load rounds) s | host gateway s | torchserve s | stop s "
-        "(container / host gateway / torchserve) | .mar MB |", "|---|---|---|---|---|---|---|",
+        "| gallery | container s | container (load rounds) s | host nginx s | host aiohttp s | torchserve s | stop s "
+        "(container / host nginx / host aiohttp / torchserve) | .mar MB |", "|---|---|---|---|---|---|---|---|",
     ]
     for name, g in results["galleries"].items():
         s = g["servers"]
@@ -434,29 +468,37 @@ def markdown(results: dict) -> str:
         lines.append(f"| {name} ({g['gallery_size']:,}, {g['index']}) | {fmt(g['container_start_to_ready_s'], 2)} | "
                      f"{ready} | {stops} | {g['mar_mb']} |")
     lines += ["", "## Throughput and latency", "",
-              "| gallery | body | server | c | req/s | p50 ms | p99 ms | errors | server CPU % | load gen CPU % |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| gallery | body | server | c | req/s | p50 ms | p99 ms | errors | server CPU % | server CPU µs/request "
+              "| load gen CPU % |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, g in results["galleries"].items():
         for kind in BODIES:
             for server in SERVERS:
                 entry = g["servers"][server]
                 if "error" in entry:
-                    lines.append(f"| {name} | {kind} | {server} | | error: {entry['error'][:200]} | | | | | |")
+                    lines.append(f"| {name} | {kind} | {server} | | error: {entry['error'][:200]} | | | | | | |")
                     continue
                 for r in entry["runs"].get(kind, []):
                     lines.append(f"| {name} | {kind} | {server} | {r['concurrency']} | {fmt(r['throughput'], 0)} | "
                                  f"{fmt(r['p50_ms'], 1)} | {fmt(r['p99_ms'], 1)} | {r['errors']} | "
-                                 f"{fmt(r['server_cpu_pct'], 0)} | {fmt(r['loadgen_cpu_pct'], 0)} |")
-    top = max(results["settings"]["concurrency"])
-    lines += ["", f"## Ratios of median req/s at c={top}", "",
-              "container / host gateway = what the container costs; host gateway / torchserve = what the gateway "
-              "costs (1.00 = nothing).", "",
-              "| gallery | body | container / host gateway | host gateway / torchserve | container / torchserve |",
-              "|---|---|---|---|---|"]
+                                 f"{fmt(r['server_cpu_pct'], 0)} | {cpu_per_request(r)} | "
+                                 f"{fmt(r['loadgen_cpu_pct'], 0)} |")
+    lines += ["", "## Against TorchServe alone", "",
+              f"Target: the image (`container`) serves >= {TARGET_RPS_RATIO:g}x the req/s of TorchServe alone at "
+              f"c={' and c='.join(map(str, TARGET_CONCURRENCY))}, with p99 no worse than {TARGET_P99_RATIO:g}x. "
+              "Ratios of medians; `host aiohttp` is the Python gateway the image ran before.", "",
+              "| gallery | body | c | container req/s | host nginx req/s | host aiohttp req/s | container p99 | "
+              "host nginx p99 | host aiohttp p99 | target (container) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, g in results["galleries"].items():
         for kind in BODIES:
-            c, h, t = (row_at(g["servers"][k], kind, top) for k in SERVERS)
-            lines.append(f"| {name} | {kind} | {ratio(c, h)} | {ratio(h, t)} | {ratio(c, t)} |")
+            for c in results["settings"]["concurrency"]:
+                rows = {k: row_at(g["servers"][k], kind, c) for k in SERVERS}
+                alone = rows["torchserve"]
+                lines.append(f"| {name} | {kind} | {c} | {ratio(rows['container'], alone)} | "
+                             f"{ratio(rows['host nginx'], alone)} | {ratio(rows['host aiohttp'], alone)} | "
+                             f"{p99_ratio(rows['container'], alone)} | {p99_ratio(rows['host nginx'], alone)} | "
+                             f"{p99_ratio(rows['host aiohttp'], alone)} | {target_status(rows['container'], alone, c)} |")
     lines += ["", "## Rounds: load average (1/5/15 min) before and after each server's load, RSS after it", "",
               "| gallery | server | round | load start | load end | RSS MB | warm-up windows req/s (png; v1) |",
               "|---|---|---|---|---|---|---|"]
@@ -475,7 +517,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench container", description=__doc__.splitlines()[0])
     p.add_argument("--gallery", default="5k,60k", help="comma-separated: 5k (artifacts/), 60k (Fashion-MNIST)")
     p.add_argument("--duration", type=int, default=20, help="seconds per load trial (default 20)")
-    p.add_argument("--concurrency", default="1,16", help="comma-separated concurrencies (default 1,16)")
+    p.add_argument("--concurrency", default="1,16,64", help="comma-separated concurrencies (default 1,16,64)")
     p.add_argument("--trials", type=int, default=2, help="trials per figure (default 2)")
     p.add_argument("--starts", type=int, default=3, help="container start-to-ready runs per gallery (default 3)")
     p.add_argument("--build-args", default=os.environ.get("BUILD_IMAGES_ARGS", ""),
