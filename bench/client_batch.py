@@ -235,7 +235,7 @@ def measure(args: argparse.Namespace, log: Any = print) -> dict[str, Any]:
         "load_average": {"start": env.load_average()}, "machine": env.machine(),
         "settings": {"images": args.images, "batch_sizes": sizes, "commands": commands,
                      "concurrency": args.concurrency, "repeats": args.repeats, "ceiling_s": args.ceiling_seconds,
-                     "artifacts": str(args.artifacts)},
+                     "artifacts": _shown(args.artifacts)},
     }
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="client-batch-") as tmp:
@@ -265,7 +265,7 @@ def measure(args: argparse.Namespace, log: Any = print) -> dict[str, Any]:
             stop(instance)
     result["load_average"]["end"] = env.load_average()
     result["finished"] = _now()
-    result["rounds"] = rounds
+    result["trials"] = rounds  # the raw record (raw/client-batch.json); the summary keeps the rows
     result["rows"] = summarize_rounds(rounds)
     return result
 
@@ -334,14 +334,25 @@ def summarize_rounds(rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     }]
     keys = list(dict.fromkeys((run["what"], run["batch"]) for r in rounds for run in r["runs"]))
     for what, batch in keys:
-        runs = [run for r in rounds for run in r["runs"] if (run["what"], run["batch"]) == (what, batch)]
+        pairs = [(r, run) for r in rounds for run in r["runs"] if (run["what"], run["batch"]) == (what, batch)]
+        runs = [run for _, run in pairs]
         rows.append({"what": what, "batch": batch,
                      "images_per_s": _summary([run["images_per_s"] for run in runs]),
                      "share": _summary([run["share"] for run in runs]),
+                     "steady_share": _summary([_steady_share(r, run) for r, run in pairs]),
                      "cpu_ms": {part: _summary([run["cpu_ms"][part] for run in runs])
                                 for part in ("client", "frontend", "workers")},
                      "cpu_share": _summary([run["cpu_share"] for run in runs])})
     return rows
+
+
+def _steady_share(entry: dict[str, Any], run: dict[str, Any]) -> float | None:
+    """A client run's share of the ceiling without its fixed cost (the one-file run's time: start-up, one request,
+    exit), what a collection large enough to hide start-up would reach; None for rows without a client process."""
+    fixed, seconds = entry.get("fixed_s"), run.get("seconds")
+    if not run["what"].startswith("client") or fixed is None or seconds is None or seconds <= fixed:
+        return None
+    return run["images_per_s"] * seconds / (seconds - fixed) / entry["ceiling"]["images_per_s"]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -365,7 +376,9 @@ def markdown(result: dict[str, Any]) -> str:
         "ceiling of the same round.",
         "- CPU ms/image: client process, TorchServe frontend (Java) and workers over the run. CPU share = "
         "in-process CPU per image (one process, one thread, batch 64) over client + frontend + workers: the share "
-        "the run would reach with the machine to itself.",
+        "the run would reach with the machine to itself. Share without the fixed cost: the client run's images over "
+        "its time less the one-file run's, against the ceiling (what a collection large enough to hide start-up "
+        "would reach).",
         "- Batched requests, no client: every file once, as KServe v1 bodies of B images (base64 PNGs, "
         f"application/json) encoded beforehand, posted to /predictions {s['concurrency']} at a time from threads "
         "(requests, keep-alive); client CPU = that loader's.",
@@ -374,20 +387,29 @@ def markdown(result: dict[str, Any]) -> str:
         f"In-process ceiling: {fmt(ceiling_row['images_per_s'], 0)} images/s; in-process CPU "
         f"{fmt(ceiling_row['cpu_ms']['workers'], 3)} ms/image; a one-file predict run (start-up, one request, "
         f"exit) {fmt(ceiling_row['fixed_s'], 2)} s.", "",
-        "| what | B | images/s | share of ceiling | client CPU ms/img | frontend | workers | CPU share |",
-        "|---|---|---|---|---|---|---|---|",
+        "| what | B | images/s | share of ceiling | share without the fixed cost | client CPU ms/img | frontend | "
+        "workers | CPU share |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         cpu = row["cpu_ms"]
         lines.append(f"| {row['what']} | {row['batch']} | {fmt(row['images_per_s'], 0)} | {_pct(row['share'])} | "
-                     f"{fmt(cpu['client'], 3)} | {fmt(cpu['frontend'], 3)} | {fmt(cpu['workers'], 3)} | "
+                     f"{_pct(row.get('steady_share'))} | {fmt(cpu['client'], 3)} | {fmt(cpu['frontend'], 3)} | {fmt(cpu['workers'], 3)} | "
                      f"{_pct(row['cpu_share'])} |")
     client = [row for row in rows if row["what"].startswith("client") and median(row["share"]) is not None]
     if client:
+        from client.__main__ import DEFAULT_BATCH_SIZE
+
+        default = [row for row in client if row["batch"] == DEFAULT_BATCH_SIZE]
         best = max(client, key=lambda row: median(row["share"]))
-        met = median(best["share"]) >= TARGET_SHARE
-        lines += ["", f"Target (end to end >= {TARGET_SHARE:.0%} of the ceiling): best client row "
-                      f"{best['what']} B={best['batch']} at {_pct(best['share'])} — **{'met' if met else 'missed'}**."]
+        judged = default or [best]
+        met = all(median(row["share"]) >= TARGET_SHARE for row in judged)
+        shown = "; ".join(f"{row['what']} {_pct(row['share'])}" for row in judged)
+        lines += ["", f"Target (end to end >= {TARGET_SHARE:.0%} of the ceiling), "
+                      + (f"at the client's default --batch-size {DEFAULT_BATCH_SIZE}: " if default else "best row: ")
+                      + f"{shown} — **{'met' if met else 'missed'}**"
+                      + (f" (best row: {best['what']} B={best['batch']} at {_pct(best['share'])})" if default else "")
+                      + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -396,6 +418,14 @@ def _pct(summary: dict[str, Any] | None) -> str:
         return "n/a"
     text = f"{100 * summary['median']:.0f}%"
     return text if summary["n"] < 2 else f"{text} ({100 * summary['min']:.0f}-{100 * summary['max']:.0f}%)"
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the repository when it is inside it (the committed record names no home folder)."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def _load() -> list[float]:

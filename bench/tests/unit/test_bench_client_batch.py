@@ -69,9 +69,10 @@ def test_the_batched_table_shows_images_per_second_beside_requests_per_second():
 
 def a_round(ceiling: float, client: float, cpu_ms: float = 2.0) -> dict:
     entry = {"ceiling": {"images_per_s": ceiling, "batch": 64, "layout": "2x1", "rows": {}},
-             "inprocess_cpu_ms": cpu_ms, "runs": [], "fixed_s": 0.4}
+             "inprocess_cpu_ms": cpu_ms, "runs": [], "fixed_s": 0.1}
     used = {"frontend": 0.2, "workers": 2.0}  # CPU seconds over 1,000 images
-    entry["runs"].append(client_batch._run("client predict", 64, client, 1000, used, 0.3, entry, seconds=1.0))
+    entry["runs"].append(client_batch._run("client predict", 64, client, 1000, used, 0.3, entry,
+                                           seconds=1000 / client))
     return entry
 
 
@@ -83,6 +84,9 @@ def test_rounds_are_summarised_per_row_with_the_share_of_their_own_ceiling():
     assert client["share"]["values"] == pytest.approx([0.9, 0.8, 0.9]) and client["share"]["median"] == 0.9
     assert client["cpu_ms"]["client"]["median"] == pytest.approx(0.3)
     assert client["cpu_share"]["median"] == pytest.approx(2.0 / 2.5)
+    # without the fixed cost: 1,000 images over the run's time less the one-file run's 0.1 s, against the ceiling
+    assert client["steady_share"]["values"] == pytest.approx(
+        [1000 / (1000 / rate - 0.1) / ceiling for rate, ceiling in ((900, 1000), (400, 500), (720, 800))])
 
 
 def test_the_report_says_whether_the_best_client_row_met_the_target():
@@ -93,8 +97,8 @@ def test_the_report_says_whether_the_best_client_row_met_the_target():
                            "mean_file_bytes": 1480}}
     result["rows"] = client_batch.summarize_rounds([a_round(1000.0, 900.0), a_round(1000.0, 850.0)])
     text = client_batch.markdown(result)
-    assert "| client predict | 64 | 875 (850-900) | 88% (85-90%) |" in text
-    assert "best client row client predict B=64 at 88% (85-90%) — **met**" in text
+    assert "| client predict | 64 | 875 (850-900) | 88% (85-90%) | 96% (93-99%) | 0.300 (0.300-0.300) |" in text
+    assert "at the client's default --batch-size 64: client predict 88% (85-90%) — **met**" in text
     assert "treat the figures as indicative" not in text
     result["rows"] = client_batch.summarize_rounds([a_round(1000.0, 500.0)])
     assert "**missed**" in client_batch.markdown(result)
