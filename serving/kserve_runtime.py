@@ -7,6 +7,10 @@ model metadata included. TorchServe's frontend already routes ``/v1/models/<m>:p
 
 - starts ``torchserve --foreground`` with the storage initializer's layout (``/mnt/models``), its
   inference and management APIs on loopback only;
+- by default (``--front nginx``) starts nginx on the HTTP port (:mod:`serving.nginx_front`): it sends
+  ``/predictions/<m>`` and v1 JSON straight to TorchServe, checks the key, counts the request histogram and
+  follows the drain below, and sends every other path to this gateway, which then listens on loopback only;
+  ``--front aiohttp`` serves everything from this process as before;
 - answers ``/`` (v1 liveness), ``/v2/health/live``, ``/v2/health/ready``, ``/v1/models/<m>``,
   ``/v2/models/<m>[/versions/<v>]`` and ``.../ready`` itself, from TorchServe's ping and its workers' status;
 - reads the v1/v2 inference bodies as KServe's model server does (JSON whatever the Content-Type, and the
