@@ -8,9 +8,10 @@ each connection's addresses and ports.
 Why not ``uvicorn --workers N``: there every worker inherits one shared listening socket, and the
 worker that wakes first accepts every pending connection (asyncio accepts up to the backlog per
 wake-up). wrk opens its keep-alive connections all at once, so at c=16 one worker often held all
-16 connections for the whole trial while the other idled (measured here: 16/0 in 3 of 5 rounds of
-16 connections), and the server ran at one core. uvicorn 0.54 has no option for per-worker
-sockets (a flag for it is an open uvicorn pull request), so this module does what that flag does.
+16 connections for the whole trial while the other idled (2026-11-27, 16 connections opened at
+once, 5 rounds: 16/0 in 3, 14/2 and 13/3 in the others; with per-worker sockets 6/10 to 9/7), and
+the server ran at one core. uvicorn 0.54 has no option for per-worker sockets (a flag for it is an
+open uvicorn pull request), so this module does what that flag does.
 The accepted sockets are TCP sockets (``IPPROTO_TCP``), so asyncio sets ``TCP_NODELAY`` on them as
 single-process uvicorn does.
 

@@ -311,9 +311,32 @@ def annotate_runs(runs: Sequence[dict[str, Any]], windows: Sequence[dict[str, An
     return True
 
 
+def _uneven_roles(procs: Sequence[tuple[str, float]], skip: str | None = None) -> list[str]:
+    """'API server 1 did nearly all of the 2 API servers' work (35%; API server 2 0%)' for each role with several
+    processes of which one did at least 10% and the others less than a quarter of that (`skip`: already named)."""
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for label, pct in procs:
+        base, _, number = label.rpartition(" ")
+        groups.setdefault(base if number.isdigit() else label, []).append((label, pct))
+    out = []
+    for base, members in groups.items():
+        members = sorted(members, key=lambda kv: -kv[1])
+        (top_label, top), rest = members[0], members[1:]
+        if rest and top >= 10.0 and all(pct < top / 4 for _, pct in rest) and top_label != skip:
+            out.append(f"{top_label} did nearly all of the {len(members)} {base}s' work ({top:.0f}%; "
+                       + ", ".join(f"{label} {pct:.0f}%" for label, pct in rest) + ")")
+    return out
+
+
 def cpu_verdict(row: dict[str, Any], threshold: float = 180.0, from_c: int = 16, cores: int = 2) -> dict | None:
     """For a sweep row at c >= `from_c`: did the server use both cores (median CPU >= `threshold`), its CPU by
-    process, and if it did not, why, read from the measured CPU. None below `from_c` or without a CPU figure."""
+    process, and if it did not, why, read from the measured CPU. None below `from_c` or without a CPU figure.
+
+    The reasons, as they apply: the machine was full with other work (its busy CPU reached `threshold` while
+    other work took at least `OTHERS_PCT`); the work stayed on one process; one process of a role did the work
+    of all of them (e.g. one API server had every connection); no process used a whole core (the server's
+    processes waited rather than computed: only said when the machine was not full).
+    """
     cpu = median(row.get("server_cpu_pct"))
     if row["concurrency"] < from_c or cpu is None:
         return None
@@ -323,25 +346,29 @@ def cpu_verdict(row: dict[str, Any], threshold: float = 180.0, from_c: int = 16,
     machine = median(row.get("machine_busy_pct"))
     loadgen = median(row.get("loadgen_cpu_pct")) or 0.0
     others = None if machine is None else machine - cpu - loadgen
+    busy_elsewhere = others is not None and others >= OTHERS_PCT
+    full = busy_elsewhere and round(machine) >= threshold
     why = []
     if not used:
+        if busy_elsewhere:
+            steal = median(row.get("machine_steal_pct")) or 0.0
+            why.append(("the machine was full" if full else "the machine was busy") + f" ({machine:.0f}% of "
+                       f"{cores * 100}%): other work took {others:.0f}% (hypervisor steal {steal:.0f}%)")
         if not procs:
             why.append("no per-process CPU in this record")
         else:
             top_label, top = procs[0]
             second_label, second = procs[1] if len(procs) > 1 else ("no other process", 0.0)
-            if top >= WHOLE_CORE_PCT and second < top / 3:
+            alone = top >= WHOLE_CORE_PCT and second < top / 3
+            if alone:
                 why.append(f"the work stayed on one process: {top_label} used a whole core ({top:.0f}%), "
                            f"{second_label} {second:.0f}%")
             elif top >= WHOLE_CORE_PCT:
                 why.append(f"uneven: {top_label} used a whole core ({top:.0f}%), {second_label} only {second:.0f}%")
-            else:
+            elif not full:
                 why.append(f"no process used a whole core (busiest: {top_label} {top:.0f}%): its processes spent "
                            "part of the time waiting (for requests, on each other, on batch timeouts), not computing")
-        if others is not None and others >= OTHERS_PCT:
-            steal = median(row.get("machine_steal_pct")) or 0.0
-            why.append(f"other work on the machine took {others:.0f}% (hypervisor steal {steal:.0f}%); the machine "
-                       f"was {machine:.0f}% busy of {cores * 100}%")
+            why += _uneven_roles(procs, skip=top_label if alone else None)
     return {"concurrency": row["concurrency"], "server_cpu_pct": cpu, "used_both_cores": used,
             "by_process": ", ".join(f"{label} {pct:.0f}%" for label, pct in procs if round(pct) >= 1),
             "machine_busy_pct": machine, "others_pct": others, "why": "; ".join(why)}

@@ -98,15 +98,30 @@ def test_all_the_work_on_one_process_is_named_as_the_reason():
     assert v["why"] == "the work stayed on one process: worker 1 used a whole core (97%), worker 2 1%"
 
 
-def test_processes_that_wait_are_told_apart_from_a_busy_machine():
+def test_processes_that_wait_are_told_apart_from_a_full_machine():
     waiting = cpu_verdict(row(16, 174.0, {"inference worker 1": 62.0, "inference worker 2": 60.0,
-                                          "API server 1": 40.0, "manager": 12.0}, machine=180.0))
-    assert waiting["why"].startswith("no process used a whole core (busiest: inference worker 1 62%)")
-    assert "other work" not in waiting["why"]  # 180 - 174 - 4 = 2% is not worth naming
-    busy = cpu_verdict(row(16, 150.0, {"worker 1": 90.0, "worker 2": 60.0}, machine=199.0, steal=20.0))
-    assert busy["why"] == ("uneven: worker 1 used a whole core (90%), worker 2 only 60%; other work on the machine "
-                           "took 45% (hypervisor steal 20%); the machine was 199% busy of 200%")
-    assert busy["others_pct"] == pytest.approx(45.0)
+                                          "API server 1": 30.0, "API server 2": 10.0, "manager": 12.0}, machine=180.0))
+    assert waiting["why"] == ("no process used a whole core (busiest: inference worker 1 62%): its processes spent "
+                              "part of the time waiting (for requests, on each other, on batch timeouts), not computing")
+    # measured at load average 9 (nice 19): both workers shared the work, but other work had the cores
+    full = cpu_verdict(row(16, 39.0, {"worker 1": 19.0, "worker 2": 20.0, "supervisor": 0.2}, machine=202.0,
+                           loadgen=1.0))
+    assert full["why"] == "the machine was full (202% of 200%): other work took 162% (hypervisor steal 0%)"
+    assert full["others_pct"] == pytest.approx(162.0)
+    uneven = cpu_verdict(row(16, 150.0, {"worker 1": 90.0, "worker 2": 60.0}, machine=170.0, steal=20.0))
+    assert uneven["why"] == ("the machine was busy (170% of 200%): other work took 16% (hypervisor steal 20%); "
+                             "uneven: worker 1 used a whole core (90%), worker 2 only 60%")
+
+
+def test_one_process_doing_its_roles_work_is_named():
+    # measured at load average 9: every connection on one of LitServe's API servers (they share one socket)
+    v = cpu_verdict(row(16, 115.0, {"inference worker 2": 35.0, "API server 1": 35.0, "inference worker 1": 32.0,
+                                    "manager": 13.0, "API server 2": 0.4, "main": 0.0}, machine=203.0, loadgen=2.0))
+    assert v["why"] == ("the machine was full (203% of 200%): other work took 86% (hypervisor steal 0%); "
+                        "API server 1 did nearly all of the 2 API servers' work (35%; API server 2 0%)")
+    # the one-process reason already says it for a concentrated FastAPI
+    alone = cpu_verdict(row(16, 98.0, {"worker 1": 97.0, "worker 2": 1.0}, machine=103.0))
+    assert "did nearly all" not in alone["why"]
 
 
 def test_no_verdict_below_c16_and_a_plain_one_for_records_without_per_process_cpu():
