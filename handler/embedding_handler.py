@@ -22,7 +22,7 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.artifacts import ArtifactError, quantization, read_metadata
 from handler.preprocessing import DEFAULT_MAX_PIXELS
 from handler.protocols import encode, read_row
-from handler.service import DEFAULT_RUNTIME, EmbeddingService
+from handler.service import DEFAULT_RUNTIME, BatchTimings, EmbeddingService
 from handler.ts_metrics import baseline_values, record_baseline, record_metrics
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,14 @@ def auto_device_for(model_dir: str, device: str) -> str:
     return "cpu"
 
 
+def batch_log_line(requests: int, images: int, timings: BatchTimings, request_ids: dict | None) -> str:
+    """The handler's one log line per batch (model_log.log; bench.torchserve reads its timings back)."""
+    return (f"batch={requests} rejected={timings.rejected} unknown={timings.unknown} "
+            f"preprocess_ms={1e3 * timings.preprocess:.2f} embed_ms={1e3 * timings.embed:.2f} "
+            f"search_ms={1e3 * timings.search:.2f} images={images} pid={os.getpid()} "
+            f"ids={','.join((request_ids or {}).values())}")
+
+
 class EmbeddingHandler(BaseHandler):
     """Image bytes -> embedding -> FAISS k-NN answer, one JSON answer per request of the batch."""
 
@@ -93,6 +101,8 @@ class EmbeddingHandler(BaseHandler):
         self.initialized = True
         meta = self.service.metadata
         self._baseline = baseline_values(meta)
+        #: Counters this worker has sent (handler.ts_metrics.batch_metric_lines leaves out their 0 increments).
+        self._counters_sent: set[tuple[str, str, str]] = set()
         self._baseline_sent = float("-inf")
         if not self._baseline:
             logger.warning("%s: metadata.json has no drift baseline (artifacts from an older training run): "
@@ -121,15 +131,16 @@ class EmbeddingHandler(BaseHandler):
     def postprocess(self, data):
         """The per-batch log line and metrics, then one JSON answer (and status) per request."""
         requests, answers, timings = data
-        ids = ",".join((self.context.request_ids or {}).values())
-        logger.info("batch=%d rejected=%d unknown=%d preprocess_ms=%.2f embed_ms=%.2f search_ms=%.2f images=%d "
-                    "pid=%d ids=%s", len(requests), timings.rejected, timings.unknown, 1e3 * timings.preprocess,
-                    1e3 * timings.embed, 1e3 * timings.search, len(answers), os.getpid(), ids)
+        line = batch_log_line(len(requests), len(answers), timings, self.context.request_ids) \
+            if logger.isEnabledFor(logging.INFO) else None
         if self.context.metrics is not None:
+            # The log line and the metrics in one write to the worker's stdout (the frontend splits the lines).
             record_metrics(self.context.metrics, len(answers), timings, self.context.model_name,
-                           self._model_version(self.context))
+                           self._model_version(self.context), emitted=self._counters_sent, log_line=line)
             if time.monotonic() - self._baseline_sent >= BASELINE_REFRESH_S:
                 self._send_baseline(self.context)
+        elif line is not None:
+            logger.info(line)
         # Behind a KServe envelope the rows are the instances of one request, not one row per request:
         # per-request status and headers only apply when each row is its own request.
         per_request = len(requests) == len(self.context.request_ids or {})

@@ -129,7 +129,9 @@ def test_batch_metrics_carry_the_model_version(caplog):
     timings = BatchTimings(preprocess=0.001, embed=0.002, search=0.0005, top1=[0.3, 0.5], unknown=1, rejected=1)
     with caplog.at_level(logging.INFO):
         record_metrics(cache, 2, timings, "embedding", "2.5")
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[METRICS]Embedding")]
+    # one record per batch, one metric per line (the frontend reads the worker's stdout line by line)
+    lines = [line for r in caplog.records for line in r.getMessage().split("\n")
+             if line.startswith("[METRICS]Embedding")]
     assert {line.split("[METRICS]")[1].split(".")[0] for line in lines} == set(METRIC_NAMES)
     assert DIMENSIONS == ("ModelName", "Level", "ModelVersion")
     for line in lines:
