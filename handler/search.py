@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -92,6 +91,8 @@ class GallerySearcher:
         self.score = score
         self.kth = kth if score == "kth_distance" else 1
         self.labels = np.asarray(labels, dtype=object)
+        #: Each gallery item's label as answers give it (str), by gallery id.
+        self._label_text = [str(label) for label in self.labels.tolist()]
         self.k = k
         self.threshold = threshold
         for name, value in (search_params or {}).items():
@@ -139,21 +140,22 @@ class GallerySearcher:
 
     def answer(self, distances: np.ndarray, ids: np.ndarray, score: float) -> dict[str, Any]:
         """The answer for one query's row of :meth:`search` (its ``neighbours`` are the ids >= 0, in order)."""
-        valid = ids >= 0  # approximate indexes may return fewer than k hits
-        distances, ids = distances[valid], ids[valid]
-        if ids.size == 0:
+        # Python lists from the start: one conversion per row instead of one per element (tolist() gives the same
+        # floats as float() of each float32); approximate indexes may return fewer than k hits (id -1).
+        text = self._label_text
+        hits = [(text[i], d) for i, d in zip(ids.tolist(), distances.tolist()) if i >= 0]
+        if not hits:
             return {"pred": None, "dist": None, "confidence": 0.0, "unknown": True, "neighbours": []}
-        labels = [str(label) for label in self.labels[ids]]
-        weights: dict[str, float] = defaultdict(float)
-        for label, dist in zip(labels, distances):
-            weights[label] += 1.0 / (float(dist) + 1e-6)
+        labels = [label for label, _ in hits]
+        weights: dict[str, float] = {}
+        for label, dist in hits:
+            weights[label] = weights.get(label, 0.0) + 1.0 / (dist + 1e-6)
         # Ties go to the label met first, i.e. the nearest neighbour's.
         pred = max(weights, key=lambda lab: (weights[lab], -labels.index(lab)))
-        top = float(distances[0])
         return {
             "pred": pred,
-            "dist": round(top, 6),
+            "dist": round(hits[0][1], 6),
             "confidence": round(weights[pred] / sum(weights.values()), 6),
             "unknown": bool(self.threshold is not None and score > self.threshold),
-            "neighbours": [{"label": lab, "dist": round(float(d), 6)} for lab, d in zip(labels, distances)],
+            "neighbours": [{"label": label, "dist": round(dist, 6)} for label, dist in hits],
         }
