@@ -31,7 +31,8 @@ def test_profile_of_a_real_server(tmp_path, tiny_artifacts, written):
     assert run["errors"] == 0 and run["throughput"] > 0 and run["workers"] == 2
     stages = run["stages"]
     assert sum(s["samples"] for s in stages.values()) == run["samples"] > 0
-    for busy in ("model forward pass", "image decoding and preprocessing", "gallery search"):
+    for busy in ("model forward pass", "image decoding (Pillow)", "preprocessing (grey, crop, centre, normalise)",
+                 "gallery search", "handler: per-batch log line and metrics"):
         assert stages[busy]["samples"] > 0, busy
     # Under load the workers mostly run the handler: if the rules stopped recognising its code, its samples would
     # fall through to TorchServe's catch-all.
