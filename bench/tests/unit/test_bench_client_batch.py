@@ -100,8 +100,11 @@ def test_the_report_says_whether_the_best_client_row_met_the_target():
     assert "| client predict | 64 | 875 (850-900) | 88% (85-90%) | 96% (93-99%) | 0.300 (0.300-0.300) |" in text
     assert "at the client's default --batch-size 64: client predict 88% (85-90%) — **met**" in text
     assert "treat the figures as indicative" not in text
+    assert "wall-clock shares here are unreliable" not in text
     result["rows"] = client_batch.summarize_rounds([a_round(1000.0, 500.0)])
     assert "**missed**" in client_batch.markdown(result)
+    result["rows"] = client_batch.summarize_rounds([a_round(1000.0, 900.0), a_round(500.0, 600.0)])
+    assert "1 row(s) reached more than 100%" in client_batch.markdown(result)
 
 
 @pytest.mark.skipif(not output.summary_path(RESULTS, client_batch.NAME).exists(), reason="no committed results")
