@@ -263,8 +263,10 @@ class Front:
         stale = settings.runtime_dir / "control.sock"
         if stale.exists():
             stale.unlink()
+        # Its own process group: a worker whose master died (killed, OOM) is found and stopped through it.
         process = subprocess.Popen([binary, "-p", str(settings.runtime_dir), "-e", "stderr", "-c", str(conf),
-                                    "-g", "daemon off;"], env=environ, stdin=subprocess.DEVNULL)
+                                    "-g", "daemon off;"], env=environ, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
         return cls(settings, process)
 
     async def wait_started(self) -> None:
@@ -319,6 +321,10 @@ class Front:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        try:  # workers outlive a master that was killed: they would keep the port
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     async def close(self) -> None:
         if self._session is not None:

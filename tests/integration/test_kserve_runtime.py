@@ -379,9 +379,13 @@ def test_nginx_dying_makes_the_runtime_exit_non_zero(layout, tmp_path):
     proc = runtime(layout, tmp_path, port, "d" * 32, "--front=nginx", "--grpc-port=0", log=log)
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc, 120, log)
-        os.kill(nginx_master(proc), signal.SIGKILL)
+        master = nginx_master(proc)
+        os.kill(master, signal.SIGKILL)
         assert proc.wait(timeout=40) != 0
         assert "nginx exited (code -9) without being asked to" in log.read_text()
+        # Its worker, orphaned by the kill, was stopped too: nothing keeps the port.
+        left = subprocess.run(["pgrep", "-g", str(master)], capture_output=True, text=True).stdout.split()
+        assert left == [], f"processes of nginx's group still running: {left}"
     finally:
         if proc.poll() is None:
             proc.kill()
