@@ -19,7 +19,6 @@ from ts.metrics.dimension import Dimension
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.metrics.metric_type_enum import MetricTypes
 
-from bench.torchserve import BATCH_LINE
 from handler import ts_metrics
 from handler.embedding_handler import batch_log_line
 from handler.search import GallerySearcher
@@ -104,12 +103,11 @@ def test_one_record_carries_the_log_line_first_then_every_metric(caplog):
     assert all(m.endswith(",9f1c-aa,77d0-bb,0e4e-cc") for m in metrics)
 
 
-def test_log_line_keeps_the_format_bench_and_operators_read():
+def test_log_line_keeps_the_format_operators_read():
     timings = BatchTimings(preprocess=0.0019249, embed=0.0035, search=0.0004, rejected=1, unknown=2, top1=[0.2])
     line = batch_log_line(8, 9, timings, {0: "a", 1: "b"})
     assert re.fullmatch(r"batch=8 rejected=1 unknown=2 preprocess_ms=1\.92 embed_ms=3\.50 search_ms=0\.40 images=9 "
                         r"pid=\d+ ids=a,b", line), line
-    assert [float(g) for g in BATCH_LINE.search(line).groups()] == [8.0, 1.92, 3.5, 0.4]
     assert batch_log_line(0, 0, BatchTimings(), None).endswith(" ids=")
 
 
