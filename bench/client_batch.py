@@ -26,7 +26,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,26 +77,9 @@ def v1_bodies(images: Sequence[bytes], batch: int) -> list[bytes]:
 def v1_script(path: str, bodies: Sequence[bytes], token: str | None) -> Any:
     """A wrk script (see :mod:`bench.loadgen`) posting `bodies` as ``application/json``, the type the handler reads
     a v1 body under."""
-    from .loadgen import LUA, MARKER, LoadError, WrkScript
+    from .loadgen import WrkScript
 
-    if shutil.which("wrk") is None:
-        raise LoadError("wrk not found: apt-get install wrk")
-    directory = Path(tempfile.mkdtemp(prefix="bench-wrk-v1-"))
-    os.chmod(directory, 0o700)
-    names = []
-    for i, body in enumerate(bodies):
-        names.append(directory / f"body{i}.json")
-        names[-1].write_bytes(body)
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    lua = (LUA.replace("{FILES}", "{" + ", ".join(json.dumps(str(n)) for n in names) + "}")
-           .replace("{PATH}", path)
-           .replace("{HEADERS}", "{" + ", ".join(f"[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items())
-                    + "}")
-           .replace("{MARKER}", MARKER))
-    script = directory / "post.lua"
-    script.write_text(lua)
-    os.chmod(script, 0o600)
-    return WrkScript(directory, script)
+    return WrkScript.create(path, bodies, token, content_type="application/json")
 
 
 def batched_load(base_url: str, path: str, token: str | None, images: Sequence[bytes], batch: int, concurrency: int,

@@ -274,10 +274,9 @@ def scripts_for(server: Server, bodies: dict[str, list[bytes]]) -> dict[str, Wrk
     """One wrk script per body kind; v1 bodies are sent as application/json."""
     out = {}
     for kind, path in BODIES.items():
-        script = WrkScript.create(path, bodies[kind], server.token)
-        if kind == "v1":  # WrkScript always labels bodies octet-stream; the handler reads JSON only when labelled
-            script.script.write_text(script.script.read_text().replace("application/octet-stream", "application/json"))
-        out[kind] = script
+        # The handler reads a v1 body as JSON only when it is labelled so.
+        out[kind] = WrkScript.create(path, bodies[kind], server.token,
+                                     content_type="application/json" if kind == "v1" else "application/octet-stream")
     return out
 
 

@@ -68,7 +68,8 @@ class WrkScript:
     script: Path
 
     @classmethod
-    def create(cls, path: str, bodies: Sequence[bytes], token: str | None) -> WrkScript:
+    def create(cls, path: str, bodies: Sequence[bytes], token: str | None,
+               content_type: str = "application/octet-stream") -> WrkScript:
         if shutil.which("wrk") is None:
             raise LoadError("wrk not found: apt-get install wrk")
         directory = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
@@ -78,7 +79,7 @@ class WrkScript:
             name = directory / f"body{i}.png"
             name.write_bytes(body)
             names.append(name)
-        headers = {"Content-Type": "application/octet-stream"}
+        headers = {"Content-Type": content_type}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         lua = (LUA.replace("{FILES}", "{" + ", ".join(json.dumps(str(n)) for n in names) + "}")
