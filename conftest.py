@@ -7,7 +7,10 @@ trees asks for it first."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))  # `support`:
 
 import torch  # noqa: E402
 
+from serving.server import free_ports  # noqa: E402
+from settings import REPO  # noqa: E402
 from support.torchserve import running_instance  # noqa: E402
+
+RABBITMQ_SCRIPT = REPO / "scripts" / "rabbitmq.sh"
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -58,12 +65,13 @@ def prepared_sample():
 
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory, prepared_sample) -> Path:
-    """A real, quickly trained artifact directory (2 epochs on the bundled sample, no plots)."""
+    """A real, quickly trained float artifact directory (2 epochs on the bundled sample, no plots, with model.onnx):
+    ``quantize="none"``, since a digit build defaults to int8 (tiny_int8_artifacts)."""
     from training.steps import build_gallery, evaluate_and_finalize, train_and_export
     from training.train import TrainConfig
 
     out = tmp_path_factory.mktemp("artifacts")
-    config = TrainConfig(epochs=TINY_EPOCHS, embedding_dim=32, width=16, seed=0)
+    config = TrainConfig(epochs=TINY_EPOCHS, embedding_dim=32, width=16, seed=0, quantize="none")
     train_and_export(prepared_sample, config, out, log=lambda _: None)
     build_gallery(prepared_sample, out, log=lambda _: None)
     evaluate_and_finalize(prepared_sample, out, plots=False, log=lambda _: None)
@@ -119,3 +127,20 @@ def product_artifacts() -> Path:
     from support.product_model import product_artifacts
 
     return product_artifacts()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq(tmp_path_factory) -> Iterator[str]:
+    """A private RabbitMQ node on free loopback ports (installed first if missing); stopped at the end."""
+    data_dir = tmp_path_factory.mktemp("rabbitmq")
+    amqp, dist, epmd = free_ports(3)
+    cmd = [str(RABBITMQ_SCRIPT), "start", "--dir", str(data_dir), "--port", str(amqp),
+           "--node", f"test{uuid.uuid4().hex[:8]}", "--dist-port", str(dist), "--epmd-port", str(epmd)]
+    try:
+        started = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+        if started.returncode != 0:
+            pytest.fail(f"rabbitmq.sh start failed: {started.stderr[-2000:]}")
+        yield started.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run([str(RABBITMQ_SCRIPT), "stop", "--dir", str(data_dir)], check=False, capture_output=True,
+                       timeout=120)

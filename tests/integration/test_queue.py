@@ -21,12 +21,10 @@ from client import AuthError, BadImageError, ConnectionFailed, ModelNotFoundErro
 from handler.requests import RequestError
 from queue_bridge import QueueClient, Topology
 from queue_bridge.backend import ModelBackend, Outcome, TokenSource, outcome_of
-from queue_bridge.bench import main as bench_main
 from queue_bridge.protocol import image_from_message
 from client import EmbeddingClient
 from settings import REPO
 
-SCRIPT = REPO / "scripts" / "rabbitmq.sh"
 serving = pytest.mark.serving  # needs TorchServe (and the broker): skipped by -m "not serving"
 
 
@@ -76,22 +74,6 @@ def test_only_failures_that_are_not_the_requests_fault_are_retried(error, retrie
 
 
 # --- real broker and TorchServe ----------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def rabbitmq(tmp_path_factory) -> Iterator[str]:
-    """A private RabbitMQ node on free loopback ports (installed first if missing); stopped at the end."""
-    data_dir = tmp_path_factory.mktemp("rabbitmq")
-    amqp, dist, epmd = free_ports(3)
-    cmd = [str(SCRIPT), "start", "--dir", str(data_dir), "--port", str(amqp), "--node", f"test{uuid.uuid4().hex[:8]}",
-           "--dist-port", str(dist), "--epmd-port", str(epmd)]
-    try:
-        started = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
-        if started.returncode != 0:
-            pytest.fail(f"rabbitmq.sh start failed: {started.stderr[-2000:]}")
-        yield started.stdout.strip().splitlines()[-1]
-    finally:
-        subprocess.run([str(SCRIPT), "stop", "--dir", str(data_dir)], check=False, capture_output=True, timeout=120)
-
 
 @pytest.fixture(scope="module")
 def digits(prepared_sample) -> list[bytes]:
@@ -355,16 +337,3 @@ def test_bridge_over_grpc_gives_the_rest_answer(start_bridge, client, direct, di
     assert same_answer(client(digits[4], timeout=60), direct(digits[4]))
     bad = b"this is not an image"
     assert client(bad, timeout=30) == direct(bad)
-
-
-@serving
-def test_bench_measures_both_paths(torchserve, rabbitmq, digits, tmp_path, capsys):
-    images = [tmp_path / f"digit_{i}.png" for i in range(3)]
-    for path, png in zip(images, digits[:3], strict=True):
-        path.write_bytes(png)
-    assert bench_main(["--url", rabbitmq, "--inference-url", torchserve.endpoints.inference,
-                       "--key-file", str(torchserve.key_file), "--requests", "40", "--concurrency", "4",
-                       "--images", *map(str, images)]) == 0
-    figures = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert [f["mode"] for f in figures] == ["direct REST", "queue (1 bridge)"]
-    assert all(f["errors"] == 0 and f["rps"] > 0 and f["p99_ms"] >= f["p50_ms"] for f in figures)

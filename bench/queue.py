@@ -1,4 +1,4 @@
-"""python -m queue_bridge.bench: requests/s and latency through the queue vs direct REST.
+"""python -m bench queue: requests/s and latency through the queue vs direct REST.
 
 Both modes keep the same number of requests in flight (--concurrency caller threads) against the
 same running TorchServe, and both call it with the same client (EmbeddingClient over REST, keep-alive).
@@ -27,9 +27,9 @@ import psutil
 from cli_common import Parser, UsageError, input_file, positive_int
 from settings import REPO
 
-from .backend import ModelBackend, Outcome, TokenSource, default_inference_url, default_model
-from .client import QueueClient
-from .broker import Topology, amqp_url, connect
+from queue_bridge.backend import ModelBackend, Outcome, TokenSource, default_inference_url, default_model
+from queue_bridge.broker import Topology, amqp_url, connect
+from queue_bridge.client import QueueClient
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def delete_topology(url: str, topology: Topology) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m queue_bridge.bench", description=__doc__)
+    p = Parser(prog="python -m bench queue", description=__doc__)
     p.add_argument("--url", help="AMQP URL (default: $EMBEDDING_AMQP_URL, else the local broker)")
     p.add_argument("--inference-url", help="TorchServe inference address (default: config.properties)")
     p.add_argument("--key-file", type=Path, help="TorchServe key_file.json (default: key_file.json of the repo)")
