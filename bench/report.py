@@ -10,7 +10,9 @@ from .peers import cpu_verdict
 from .stats import fmt, median, mid
 
 TARGET_C = 16
-TARGET_RATIO = 0.5
+#: The shipped REST configuration's req/s at each of these concurrencies, over the best in-process ceiling.
+TARGET_RATIO_CS = (16, 64)
+TARGET_RATIO = 0.53
 TARGET_P99_MS = 25.0
 TARGET_START_S = 6.0
 TARGET_ARCHIVE_S = 10.0
@@ -86,6 +88,26 @@ def _cpu_text(run: dict) -> str:
             f"{median(run['loadgen_cpu_pct']) or 0:.0f}% (100% = one core)")
 
 
+def _ratio_target(results: dict, shipped: dict | None, best_ceiling: dict | None, c: int,
+                  caveat: str) -> dict[str, Any]:
+    """The shipped configuration's REST req/s at concurrency `c` as a share of the best in-process ceiling."""
+    name = f"REST throughput, shipped config, c={c}"
+    run = _run_at(shipped.get("runs") if shipped else None, c)
+    if not (shipped and run and best_ceiling):
+        return _target(name, f">= {TARGET_RATIO:.0%} of ceiling", "not measured", None, "",
+                       f"needs the ceiling and rest sections at c={c}")
+    ceil = mid(best_ceiling["images_per_s"])
+    thr = mid(run["throughput"])
+    ratio = thr / ceil if ceil else 0.0
+    same_batch = _ceiling_at(results, shipped["workers"], shipped["threads"], shipped["batch_size"])
+    same_text = (f"; the ceiling with the server's layout and batch ({same_batch['layout']}, batch "
+                 f"{same_batch['batch']}) is {mid(same_batch['images_per_s']):.0f} images/s") if same_batch else ""
+    return _target(name, f">= {TARGET_RATIO:.0%} of the in-process ceiling",
+                   f"{thr:.0f} req/s = {ratio:.0%} of {ceil:.0f} images/s ({best_ceiling['layout']}, batch "
+                   f"{best_ceiling['batch']})", ratio >= TARGET_RATIO, f"{100 * (ratio - TARGET_RATIO):+.0f} points",
+                   _cpu_text(run) + "; " + _split_text(run) + same_text + caveat)
+
+
 def targets(results: dict) -> list[dict[str, Any]]:
     """Each serving target (throughput vs ceiling, p99, peers, configs, gallery, start times) as met / missed / not
     measured, with the margin and the figures behind it."""
@@ -94,22 +116,9 @@ def targets(results: dict) -> list[dict[str, Any]]:
     caveat = "" if data_name.startswith("fashion-mnist-60k") else f" [measured on {data_name}, not the 60k gallery]"
     shipped = _shipped(results)
     best_ceiling = ceiling_best(results)
+    for c in TARGET_RATIO_CS:
+        out.append(_ratio_target(results, shipped, best_ceiling, c, caveat))
     run = _run_at(shipped.get("runs") if shipped else None, TARGET_C)
-    if shipped and run and best_ceiling:
-        ceil = mid(best_ceiling["images_per_s"])
-        thr = mid(run["throughput"])
-        ratio = thr / ceil if ceil else 0.0
-        same_batch = _ceiling_at(results, shipped["workers"], shipped["threads"], shipped["batch_size"])
-        same_text = (f"; the ceiling with the server's layout and batch ({same_batch['layout']}, batch "
-                     f"{same_batch['batch']}) is {mid(same_batch['images_per_s']):.0f} images/s") if same_batch else ""
-        out.append(_target(
-            f"REST throughput, shipped config, c={TARGET_C}", f">= {TARGET_RATIO:.0%} of the in-process ceiling",
-            f"{thr:.0f} req/s = {ratio:.0%} of {ceil:.0f} images/s ({best_ceiling['layout']}, batch {best_ceiling['batch']})",
-            ratio >= TARGET_RATIO, f"{100 * (ratio - TARGET_RATIO):+.0f} points",
-            _cpu_text(run) + "; " + _split_text(run) + same_text + caveat))
-    else:
-        out.append(_target(f"REST throughput, shipped config, c={TARGET_C}", f">= {TARGET_RATIO:.0%} of ceiling",
-                           "not measured", None, "", "needs the ceiling and rest sections at c=16"))
     if run:
         p99 = mid(run["p99_ms"])
         out.append(_target(f"REST p99, shipped config, c={TARGET_C}", f"<= {TARGET_P99_MS:.0f} ms", f"{p99:.1f} ms",
@@ -498,7 +507,7 @@ def plots(results: dict, out: Path) -> list[str]:
         if key == "throughput" and best:
             ceil = mid(best["images_per_s"])
             ax.axhline(ceil, color="black", linestyle="--", linewidth=1, label=f"in-process ceiling {ceil:.0f}/s")
-            ax.axhline(TARGET_RATIO * ceil, color="grey", linestyle=":", linewidth=1, label="50% of ceiling")
+            ax.axhline(TARGET_RATIO * ceil, color="grey", linestyle=":", linewidth=1, label=f"{TARGET_RATIO:.0%} of ceiling")
         if key == "p99_ms":
             ax.axhline(TARGET_P99_MS, color="grey", linestyle=":", linewidth=1, label=f"{TARGET_P99_MS:.0f} ms target")
             ax.set_yscale("log")

@@ -1,9 +1,10 @@
-"""bench.report's fairness flag: a server under load that did not use both cores is marked in every table and in
-the peer target, so a comparison with it is read as what it is."""
+"""bench.report's targets: the fairness flag (a server under load that did not use both cores is marked in every
+table and in the peer target, so a comparison with it is read as what it is), and the ceiling share, judged at
+each target concurrency on its own."""
 
 from __future__ import annotations
 
-from bench.report import _load_rows, _peer_target, unsaturated
+from bench.report import TARGET_RATIO, _load_rows, _peer_target, targets, unsaturated
 
 
 def run(c: int, cpu: float, rps: float = 1000.0, p99: float = 20.0) -> dict:
@@ -28,3 +29,18 @@ def test_peer_target_names_the_unsaturated_peer():
     assert target["met"] is False  # fastapi's p99 is lower
     assert "fastapi 900 req/s p99 15.0 ms (server CPU 98%: below both cores) (not beaten)" in target["why"]
     assert "litserve 800 req/s p99 30.0 ms (beaten by REST)" in target["why"]
+
+
+def test_the_ceiling_share_is_judged_at_c16_and_c64_separately():
+    s = lambda v: {"median": v, "min": v, "max": v, "n": 1, "missing": 0, "values": [v]}
+    ceiling = {"rows": [{"layout": "2x1", "processes": 2, "threads": 1, "batch": 8, "images_per_s": s(1000.0)},
+                        {"layout": "1x2", "processes": 1, "threads": 2, "batch": 8, "images_per_s": s(800.0)}]}
+    shipped = {"shipped": True, "workers": 2, "threads": 1, "batch_size": 8,
+               "runs": [run(16, 185.0, rps=1000.0 * TARGET_RATIO + 1), run(64, 185.0, rps=1000.0 * TARGET_RATIO - 1)]}
+    rows = {t["target"]: t for t in targets({"ceiling": ceiling, "torchserve": [shipped]})}
+    at16, at64 = rows["REST throughput, shipped config, c=16"], rows["REST throughput, shipped config, c=64"]
+    assert at16["met"] is True and at64["met"] is False
+    assert "of 1000 images/s (2x1, batch 8)" in at64["measured"]
+    only16 = dict(shipped, runs=shipped["runs"][:1])
+    rows = {t["target"]: t for t in targets({"ceiling": ceiling, "torchserve": [only16]})}
+    assert rows["REST throughput, shipped config, c=64"]["met"] is None  # not measured, not passed
