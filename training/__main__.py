@@ -15,13 +15,13 @@ from pathlib import Path
 
 from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, input_dir, non_negative_int,
                         output_dir, output_file, positive_int)
-from handler.artifacts import path_identity
+from handler.artifacts import path_identity, quantization
 from handler.search import DEFAULT_K, OPEN_SET_SCORES
 from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threads
 
 from .data import SOURCE_FORMS, source_problem
 from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
-from .config import INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES, QUANTIZATION, TrainConfig
+from .config import INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES, QUANTIZE_CHOICES, TrainConfig
 
 DEFAULT_OUT = Path("artifacts")
 THREADS_HELP = f"torch intra-op threads (default: $OMP_NUM_THREADS, else {DEFAULT_THREADS})"
@@ -74,9 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="outlier-exposure loss (training/model.py ArcFaceHead.outlier_loss)")
     p.add_argument("--oe-margin", type=float, default=defaults.oe_margin,
                    help="hinge: largest cosine a non-digit may keep to any class centre")
-    p.add_argument("--quantize", choices=QUANTIZATION, default=defaults.quantize,
-                   help="int8: quantize the convolutions after training (faster on CPU, CPU only; the gallery and "
-                        "threshold are built with the int8 model)")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=defaults.quantize,
+                   help="int8: quantize the convolutions after training (faster on CPU, CPU only, no model.onnx; the "
+                        "gallery and threshold are built with the int8 model); none: the float model (GPU serving, "
+                        "model.onnx); auto (default): int8 for the digits profile, none for full-frame")
     p.add_argument("--precision", choices=PRECISION, default=defaults.precision, help=PRECISION_HELP)
     _common(p)
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -287,8 +288,10 @@ def main(argv: list[str] | None = None) -> int:
             print("training: interrupted; previous artifacts left untouched", file=sys.stderr)
         return EXIT_INTERRUPTED
     m = metadata["metrics"]
-    print(f"wrote {args.out}/: accuracy {m['accuracy']:.4f}, open-set rejection {m['open_set_rejection']:.3f}, "
-          f"threshold {metadata['threshold']:.4f}, trained in {metadata['training']['train_seconds']:.0f}s")
+    model = "int8" if quantization(metadata) == "int8" else "float"
+    print(f"wrote {args.out}/ ({model} model): accuracy {m['accuracy']:.4f}, open-set rejection "
+          f"{m['open_set_rejection']:.3f}, threshold {metadata['threshold']:.4f}, trained in "
+          f"{metadata['training']['train_seconds']:.0f}s")
     return 0
 
 

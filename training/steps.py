@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import platform
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -31,7 +32,7 @@ from handler.artifacts import (
 )
 from handler.search import DEFAULT_K, GallerySearcher, class_prototypes, gallery_vectors
 
-from .config import QUANTIZATION, resolve_profile
+from .config import resolve_profile, resolve_quantize
 from .data import Dataset, load_dataset
 from .evaluate import (
     ACCEPT_QUANTILE,
@@ -46,7 +47,7 @@ from .evaluate import (
 )
 from .export import ONNX_OPSET, export_onnx, export_torchscript, save_checked
 from .index import build_index, default_search_params, recall_at_1, resolve_index_type
-from .quantize import CALIBRATION_IMAGES, quantize_int8
+from .quantize import CALIBRATION_IMAGES, QuantizationError, quantize_int8
 from .train import TrainConfig, embed, resolve_negatives, train_model
 
 TRAIN_FILE = "train.json"
@@ -77,25 +78,32 @@ def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | 
 
 def train_and_export(data: Dataset, config: TrainConfig, out: Path, k: int = DEFAULT_K,
                      log: Callable[[str], None] = print) -> dict:
-    """Train, export model.pt (TorchScript, parity-checked; the int8 network when ``config.quantize`` is int8)
-    and model.onnx (ONNX, parity-checked with onnxruntime; skipped when onnx/onnxruntime are not installed and
-    for int8), write train.json."""
-    if config.quantize not in QUANTIZATION:
-        raise ValueError(f"quantize must be one of {', '.join(QUANTIZATION)}, got {config.quantize!r}")
-    config = resolve_negatives(config, data.classes, data.profile)
+    """Train, export model.pt (TorchScript, parity-checked; the int8 network when ``config.quantize`` resolves to
+    int8: auto does for the digits profile, training.config.resolve_quantize) and model.onnx (ONNX, parity-checked
+    with onnxruntime; only for a float model, and skipped when onnx/onnxruntime are not installed), write
+    train.json with the resolved settings."""
+    quantize = resolve_quantize(config.quantize, data.preprocessing.name)
+    if config.quantize == "auto":
+        log(f"quantize auto: {quantize} for the {data.preprocessing.name} profile"
+            + (" (--quantize none builds the float model: GPU serving, model.onnx)" if quantize != "none" else ""))
+    config = resolve_negatives(replace(config, quantize=quantize), data.classes, data.profile)
     model, history = train_model(data.inputs("train"), data.train_labels, data.inputs("test"), data.test_labels,
                                  len(data.classes), config, k, log, data.preprocessing)
     check = data.inputs("test")[:256]
     quantization, onnx_parity = None, None
     if config.quantize == "int8":
         pick = np.random.default_rng(config.seed).permutation(len(data.train_labels))[:CALIBRATION_IMAGES]
-        int8, quantization = quantize_int8(model, data.inputs("train")[np.sort(pick)], data.inputs("test")[:1024])
+        try:
+            int8, quantization = quantize_int8(model, data.inputs("train")[np.sort(pick)], data.inputs("test")[:1024])
+        except QuantizationError as exc:
+            raise QuantizationError(f"{exc} (--quantize none builds the float model)") from exc
         parity = save_checked(int8, int8, out / MODEL_FILE, check)
         log(f"int8 model ({quantization['fused_conv_blocks']} fused conv blocks, calibrated on "
             f"{quantization['calibration_images']} training images): embeddings within "
             f"{quantization['max_abs_diff_vs_float']:.3f} of the float model's; reloaded {parity:.2e}")
         (out / ONNX_FILE).unlink(missing_ok=True)
-        log(f"ONNX export skipped: the int8 model.pt serves, a float {ONNX_FILE} would be another model")
+        log(f"ONNX export skipped: the int8 model.pt serves, a float {ONNX_FILE} would be another model "
+            "(--quantize none builds a float model with one)")
     else:
         parity = export_torchscript(model, out / MODEL_FILE, check)
         log(f"TorchScript export: max abs difference vs eager {parity:.2e}")

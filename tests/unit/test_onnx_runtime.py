@@ -175,7 +175,8 @@ def test_training_without_onnx_installed_writes_no_model_onnx(prepared_sample, t
     (out / ONNX_FILE).write_bytes(b"stale model from an earlier build")
     lines: list[str] = []
     info = train_and_export(small, TrainConfig(epochs=1, embedding_dim=8, width=4, batch_size=32, seed=0,
-                                                   negatives=0, printed=0), out, log=lines.append)
+                                                   negatives=0, printed=0, quantize="none"), out,
+                            log=lines.append)
     assert any(line.startswith("ONNX export skipped: onnx/onnxruntime not installed") for line in lines)
     assert info["onnx_max_abs_diff"] is None
     build_gallery(small, out, log=lambda _: None)
