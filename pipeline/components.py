@@ -38,9 +38,10 @@ def load_data(source: str, dataset: Output[Dataset], preprocessing: str = "auto"
 
 @component
 def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, seed: int, k: int,
-          model: Output[Model], quantize: str = "none", precision: str = "fp32") -> None:
+          model: Output[Model], quantize: str = "auto", precision: str = "fp32") -> None:
     """Train the embedding network (precision bf16: the forward pass autocast); the output directory holds
-    model.pt (float32, or int8 with quantize=int8) and train.json."""
+    model.pt (float32, or int8 when quantize resolves to int8: auto does for the digits profile) and train.json.
+    The model's metadata records the resolved quantize, never auto."""
     from pathlib import Path
 
     from training.data import Dataset as TrainingData
@@ -52,6 +53,7 @@ def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, 
     config = TrainConfig(epochs=epochs, embedding_dim=embedding_dim, width=width, seed=seed, quantize=quantize,
                          precision=precision)
     info = train_and_export(TrainingData.load(Path(dataset.path)), config, out, k)
+    quantize = info["config"]["quantize"]  # auto resolved by the data's preprocessing profile
     # The last epoch's k-NN accuracy is the float network's; the evaluate task measures the exported (int8) one.
     accuracy_key = "knn_accuracy" if quantize == "none" else "float_knn_accuracy"
     model.metadata.update({"framework": "torchscript", "quantize": quantize, "precision": precision,

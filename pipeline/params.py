@@ -19,7 +19,7 @@ from settings import (DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL
                       PVC_MOUNT_DEFAULT)
 from serving.archive import MODEL_VERSION_PATTERN, MODEL_VERSION_RULE
 from training.data import SOURCE_FORMS, source_problem
-from training.config import INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES, QUANTIZATION, TrainConfig
+from training.config import INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES, QUANTIZE_CHOICES, TrainConfig
 
 from .kserve_deploy import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
 
@@ -81,7 +81,8 @@ PARAMS: tuple[Param, ...] = (
     Param("width", int, _TRAIN.width, "channels of the first conv blocks (later ones 2x, 4x)", check=_positive),
     Param("seed", int, _TRAIN.seed, "training and index seed"),
     Param("quantize", str, _TRAIN.quantize, "int8: quantize the convolutions after training (faster on CPU; "
-          "served on the CPU only)", choices=QUANTIZATION),
+          "served on the CPU only, no model.onnx); none: the float model; auto: int8 for the digits profile, none "
+          "for full-frame", choices=QUANTIZE_CHOICES),
     Param("precision", str, _TRAIN.precision, PRECISION_HELP, choices=PRECISION),
     Param("k", int, DEFAULT_K, "neighbours in the k-NN vote", check=_positive),
     Param("index_type", str, "auto", "FAISS gallery index (auto: exact below 30k images, IVF above)",
