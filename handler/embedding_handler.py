@@ -60,7 +60,8 @@ def auto_device_for(model_dir: str, device: str) -> str:
         return device
     if scheme == "none":
         return device
-    logger.info("handler.device auto: %s model, serving on the CPU instead of %s", scheme, device)
+    logger.info("handler.device auto: %s model, serving on the CPU instead of %s (a GPU serves the float model: "
+                "train with --quantize none)", scheme, device)
     return "cpu"
 
 

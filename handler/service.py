@@ -70,8 +70,8 @@ def load_model(model_dir: Path, metadata: dict, device: str = "cpu", runtime: st
     if scheme != "none":
         if torch.device(device).type != "cpu":
             raise ArtifactError(f"{Path(model_dir) / MODEL_FILE}: an {scheme} model (training --quantize {scheme}) runs "
-                                f"on the CPU only, not on {device} (set handler.device: cpu or auto, or train without "
-                                "--quantize)")
+                                f"on the CPU only, not on {device} (set handler.device: cpu or auto, or train the "
+                                "float model with --quantize none)")
         engine = str(metadata["training"]["quantization"].get("engine", ""))
         if engine not in torch.backends.quantized.supported_engines:
             raise ArtifactError(f"{Path(model_dir) / MODEL_FILE}: quantized for the {engine!r} engine, which this torch "
@@ -83,7 +83,7 @@ def load_model(model_dir: Path, metadata: dict, device: str = "cpu", runtime: st
                                 "(set handler.device: cpu, or use runtime torchscript)")
         if scheme != "none":
             raise ArtifactError(f"{Path(model_dir) / ONNX_FILE}: an {scheme} model has none (its model.pt serves; use "
-                                "runtime torchscript)")
+                                "runtime torchscript, or train the float model with --quantize none)")
         if ONNX_FILE not in metadata.get("sha256", {}):
             raise ArtifactError(f"{Path(model_dir) / ONNX_FILE}: missing, these artifacts were trained without "
                                 "onnx/onnxruntime (handler.runtime=onnxruntime needs it; use runtime torchscript)")

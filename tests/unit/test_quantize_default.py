@@ -101,9 +101,8 @@ def test_a_build_records_the_resolved_scheme_and_writes_model_onnx_only_for_floa
     assert (tmp_path / ONNX_FILE).is_file() == onnx_expected
     assert (recorded["onnx_opset"] is not None) == onnx_expected
     said = [line for line in lines if line.startswith("quantize auto:")]
-    assert said == ([f"quantize auto: {built} for the {profile} profile"
-                     + (" (--quantize none builds the float model: GPU serving, model.onnx)" if built == "int8" else "")]
-                    if choice == "auto" else [])
+    hint = " (--quantize none builds the float model: GPU serving, model.onnx)" if built == "int8" else ""
+    assert said == ([f"quantize auto: {built} for the {profile} profile{hint}"] if choice == "auto" else [])
 
 
 def test_the_default_digit_build_is_int8_in_metadata_too(digits, trained_with, tmp_path):
