@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import faiss
 import numpy as np
 
+from .artifacts import METADATA_FILE, ArtifactError
+
 DEFAULT_K = 5
+#: metadata.json's section holding the enrolled-class switch (:class:`EnrolledSwitch`); written by
+#: ``python -m training enroll`` for a gallery with classes the network was not trained on.
+SWITCH_SECTION = "enrolled_switch"
+#: The one switch rule this handler implements (metadata.json's ``enrolled_switch.rule``).
+SWITCH_RULE = "mahalanobis_gap"
 #: Open-set scores (higher = less like the gallery), by the name metadata.json records under "open_set":
 #: ``top1_distance``, the nearest neighbour's distance (artifacts without "open_set" use it);
 #: ``kth_distance``, the distance to the kth nearest neighbour on the L2-normalised embeddings (Sun et al. 2022,
@@ -54,13 +63,110 @@ def open_set_score(distances: np.ndarray, ids: np.ndarray, score: str = "top1_di
     return np.where(ids[:, column] >= 0, picked, np.inf)
 
 
+@dataclass(frozen=True)
+class EnrolledSwitch:
+    """The answer rule for classes enrolled from a few images (``python -m training enroll``).
+
+    The k-NN vote outvotes a class of 10 gallery items beside classes of thousands, so the answer switches from the
+    vote to an enrolled class when the query is much closer to that class than to any trained class: squared
+    Mahalanobis distance to each class mean under ``whitening`` (the trained classes' pooled within-class
+    covariance, inverse square root), ``gap`` = distance to the nearest trained-class mean minus distance to the
+    nearest enrolled-class mean, switch when ``gap > tau`` (enrollment sets tau so that at most a small share of
+    held-out trained-class images would switch).
+    """
+
+    #: Class names, one per row of ``means``.
+    labels: tuple[str, ...]
+    #: The enrolled classes (a non-empty subset of ``labels``; the others are the trained classes).
+    enrolled: tuple[str, ...]
+    #: Class means of the gallery embeddings, float64 (C, D).
+    means: np.ndarray
+    #: Whitening matrix, float64 (D, D): squared Mahalanobis distance = ||(x - mean) @ whitening||^2.
+    whitening: np.ndarray
+    tau: float
+    _whitened_means: np.ndarray = field(init=False, repr=False, compare=False)
+    _enrolled_mask: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        means = np.asarray(self.means, np.float64)
+        whitening = np.asarray(self.whitening, np.float64)
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError("enrolled switch: class labels repeat")
+        if means.ndim != 2 or means.shape[0] != len(self.labels) or not means.size:
+            raise ValueError(f"enrolled switch: means must be ({len(self.labels)}, D), got {means.shape}")
+        if whitening.shape != (means.shape[1], means.shape[1]):
+            raise ValueError(f"enrolled switch: whitening must be {(means.shape[1],) * 2}, got {whitening.shape}")
+        if not (np.isfinite(means).all() and np.isfinite(whitening).all() and math.isfinite(self.tau)):
+            raise ValueError("enrolled switch: means, whitening and tau must be finite")
+        mask = np.array([label in set(self.enrolled) for label in self.labels], dtype=bool)
+        if not self.enrolled or mask.sum() != len(set(self.enrolled)) or mask.all():
+            raise ValueError("enrolled switch: the enrolled classes must be a non-empty proper subset of its labels")
+        object.__setattr__(self, "means", means)
+        object.__setattr__(self, "whitening", whitening)
+        object.__setattr__(self, "_whitened_means", means @ whitening)
+        object.__setattr__(self, "_enrolled_mask", mask)
+
+    @property
+    def dim(self) -> int:
+        return int(self.means.shape[1])
+
+    def gaps(self, embeddings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(gap float64 (N,), position in ``labels`` of the nearest enrolled-class mean (N,)) per embedding."""
+        x = np.asarray(embeddings, np.float64)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"expected embeddings of shape (N, {self.dim}), got {x.shape}")
+        diff = (x @ self.whitening)[:, None, :] - self._whitened_means[None, :, :]
+        squared = np.einsum("ncd,ncd->nc", diff, diff)
+        trained = squared[:, ~self._enrolled_mask].min(axis=1)
+        enrolled_pos = np.flatnonzero(self._enrolled_mask)
+        nearest = np.argmin(squared[:, enrolled_pos], axis=1)
+        return trained - squared[np.arange(len(x)), enrolled_pos[nearest]], enrolled_pos[nearest]
+
+    def choose(self, embeddings: np.ndarray) -> list[str | None]:
+        """Per embedding, the enrolled class the answer switches to, or None where the vote stands."""
+        gap, nearest = self.gaps(embeddings)
+        return [self.labels[int(c)] if g > self.tau else None for g, c in zip(gap.tolist(), nearest.tolist())]
+
+    def record(self) -> dict[str, Any]:
+        """The metadata.json section (JSON numbers; float64 values round-trip exactly)."""
+        return {"rule": SWITCH_RULE, "labels": list(self.labels), "enrolled": list(self.enrolled),
+                "tau": float(self.tau), "means": self.means.tolist(), "whitening": self.whitening.tolist()}
+
+
+def enrolled_switch(metadata: dict[str, Any]) -> EnrolledSwitch | None:
+    """The enrolled-class switch metadata.json records, or None (galleries without enrolled classes, and those
+    enrolled before the switch existed: they answer by the vote alone). A malformed section is an ArtifactError."""
+    section = metadata.get(SWITCH_SECTION)
+    if section is None:
+        return None
+    where = f"{METADATA_FILE}: {SWITCH_SECTION}"
+    if not isinstance(section, dict):
+        raise ArtifactError(f"{where} must be an object")
+    if section.get("rule") != SWITCH_RULE:
+        raise ArtifactError(f"{where}.rule {section.get('rule')!r} is not one this handler implements ({SWITCH_RULE})")
+    labels, enrolled, tau = section.get("labels"), section.get("enrolled"), section.get("tau")
+    if not (isinstance(labels, list) and isinstance(enrolled, list)
+            and all(isinstance(x, str) for x in [*labels, *enrolled])):
+        raise ArtifactError(f"{where}.labels and .enrolled must be lists of class names")
+    if not isinstance(tau, (int, float)) or isinstance(tau, bool):
+        raise ArtifactError(f"{where}.tau must be a number, got {tau!r}")
+    try:
+        means = np.asarray(section.get("means"), dtype=np.float64)
+        whitening = np.asarray(section.get("whitening"), dtype=np.float64)
+        return EnrolledSwitch(tuple(labels), tuple(enrolled), means, whitening, float(tau))
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"{where}: {' '.join(str(exc).split())}") from None
+
+
 class GallerySearcher:
     """k-NN vote over a FAISS index of L2-normalised gallery embeddings.
 
     Distances are Euclidean (0 = identical, 2 = opposite on the unit sphere). The vote weights
     each neighbour by 1/(distance + eps); ``confidence`` is the winning label's share of the
     weight; ``unknown`` is set when the open-set score (:func:`open_set_score`: by default the nearest
-    neighbour's distance) exceeds ``threshold``.
+    neighbour's distance) exceeds ``threshold``. With an :class:`EnrolledSwitch` (``switch``), ``pred`` is the
+    enrolled class it chooses where it fires (``confidence`` stays that label's share of the vote's weight, which
+    may be 0); without one, answers are the vote's.
     """
 
     def __init__(
@@ -73,6 +179,7 @@ class GallerySearcher:
         score: str = "top1_distance",
         kth: int = 1,
         prototypes: np.ndarray | None = None,
+        switch: EnrolledSwitch | None = None,
     ) -> None:
         if index.ntotal != len(labels):
             raise ValueError(f"index holds {index.ntotal} vectors but labels.json has {len(labels)} labels")
@@ -86,7 +193,16 @@ class GallerySearcher:
             prototypes = np.asarray(prototypes if prototypes is not None else np.zeros((0, 0)), np.float32)
             if prototypes.ndim != 2 or len(prototypes) == 0 or prototypes.shape[1] != index.d:
                 raise ValueError(f"prototype_distance needs prototypes of shape (C, {index.d}), got {prototypes.shape}")
+        if switch is not None:
+            if switch.dim != index.d:
+                raise ValueError(f"the enrolled switch has {switch.dim}-dimensional means but the index holds "
+                                 f"{index.d}")
+            missing = sorted(set(switch.enrolled) - {str(label) for label in labels})
+            if missing:
+                raise ValueError(f"the enrolled switch names {missing[0]!r}, which labels.json does not hold")
         self.prototypes = prototypes
+        #: The enrolled-class switch, or None: the vote alone.
+        self.switch = switch
         self.index = index
         self.score = score
         self.kth = kth if score == "kth_distance" else 1
@@ -129,7 +245,14 @@ class GallerySearcher:
     def classify(self, embeddings: np.ndarray) -> list[dict[str, Any]]:
         """Answer per embedding: pred, dist, confidence, unknown and the k neighbours."""
         distances, ids, scores = self.search(embeddings)
-        return [self.answer(d, i, s) for d, i, s in zip(distances, ids, scores)]
+        switched = self.switched(embeddings)
+        if switched is None:
+            return [self.answer(d, i, s) for d, i, s in zip(distances, ids, scores)]
+        return [self.answer(d, i, s, to) for d, i, s, to in zip(distances, ids, scores, switched)]
+
+    def switched(self, embeddings: np.ndarray) -> list[str | None] | None:
+        """Per embedding, the enrolled class its answer switches to (None: the vote's); None without a switch."""
+        return None if self.switch is None else self.switch.choose(embeddings)
 
     def search(self, embeddings: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One FAISS search for the batch: the k neighbours' (distances, gallery ids), each (N, k), and the
@@ -138,8 +261,10 @@ class GallerySearcher:
         scores = self._scores(embeddings, distances, ids)
         return distances[:, : self.k], ids[:, : self.k], scores
 
-    def answer(self, distances: np.ndarray, ids: np.ndarray, score: float) -> dict[str, Any]:
-        """The answer for one query's row of :meth:`search` (its ``neighbours`` are the ids >= 0, in order)."""
+    def answer(self, distances: np.ndarray, ids: np.ndarray, score: float,
+               switch_to: str | None = None) -> dict[str, Any]:
+        """The answer for one query's row of :meth:`search` (its ``neighbours`` are the ids >= 0, in order);
+        ``switch_to``: the query's entry of :meth:`switched`, the answer's ``pred`` when not None."""
         # Python lists from the start: one conversion per row instead of one per element (tolist() gives the same
         # floats as float() of each float32); approximate indexes may return fewer than k hits (id -1).
         text = self._label_text
@@ -151,11 +276,11 @@ class GallerySearcher:
         for label, dist in hits:
             weights[label] = weights.get(label, 0.0) + 1.0 / (dist + 1e-6)
         # Ties go to the label met first, i.e. the nearest neighbour's.
-        pred = max(weights, key=lambda lab: (weights[lab], -labels.index(lab)))
+        pred = max(weights, key=lambda lab: (weights[lab], -labels.index(lab))) if switch_to is None else switch_to
         return {
             "pred": pred,
             "dist": round(hits[0][1], 6),
-            "confidence": round(weights[pred] / sum(weights.values()), 6),
+            "confidence": round(weights.get(pred, 0.0) / sum(weights.values()), 6),
             "unknown": bool(self.threshold is not None and score > self.threshold),
             "neighbours": [{"label": label, "dist": round(dist, 6)} for label, dist in hits],
         }

@@ -25,7 +25,7 @@ from .artifacts import (
 )
 from .preprocessing import DEFAULT_MAX_PIXELS, InvalidImageError, ProfileError, is_blank, profile_of
 from .requests import RequestError, error_answer
-from .search import GallerySearcher
+from .search import GallerySearcher, enrolled_switch
 
 logger = logging.getLogger(__name__)
 
@@ -173,8 +173,9 @@ class EmbeddingService:
                  max_pixels: int = DEFAULT_MAX_PIXELS, runtime: str = DEFAULT_RUNTIME,
                  threads: int | None = None) -> "EmbeddingService":
         """Load from a directory only after every artifact's SHA-256 matched metadata.json; the open-set score and
-        threshold are the ones metadata.json records (handler.artifacts.open_set_settings). ``runtime`` and
-        ``threads``: see :func:`load_model`."""
+        threshold are the ones metadata.json records (handler.artifacts.open_set_settings), and so is the
+        enrolled-class switch (handler.search.enrolled_switch; none: the vote alone). ``runtime`` and ``threads``:
+        see :func:`load_model`."""
         model_dir = Path(model_dir)
         metadata = verify_artifacts(model_dir)
         try:
@@ -182,11 +183,12 @@ class EmbeddingService:
         except ProfileError as exc:
             raise ArtifactError(str(exc)) from None
         open_set = open_set_settings(metadata)
+        switch = enrolled_switch(metadata)
         model = load_model(model_dir, metadata, device, runtime, threads)
         searcher = GallerySearcher.from_files(
             model_dir / INDEX_FILE, model_dir / LABELS_FILE, k=k or metadata["k"],
             threshold=open_set["threshold"], score=open_set["score"], kth=open_set["kth"],
-            prototypes=open_set["prototypes"],
+            prototypes=open_set["prototypes"], switch=switch,
             search_params=metadata["index"].get("search_params"),
         )
         sources = read_sources(model_dir, metadata, searcher.index.ntotal)
@@ -235,7 +237,12 @@ class EmbeddingService:
             timings.embed = time.perf_counter() - started
             started = time.perf_counter()
             distances, ids, scores = self.searcher.search(embeddings)
-            results = [self.searcher.answer(d, g, score) for d, g, score in zip(distances, ids, scores)]
+            switched = self.searcher.switched(embeddings)  # None without an enrolled-class switch: the vote alone
+            if switched is None:
+                results = [self.searcher.answer(d, g, score) for d, g, score in zip(distances, ids, scores)]
+            else:
+                results = [self.searcher.answer(d, g, score, to)
+                           for d, g, score, to in zip(distances, ids, scores, switched)]
             timings.search = time.perf_counter() - started
             for row, (i, tensor, result) in enumerate(zip(prepared.good, prepared.tensors, results)):
                 if is_blank(tensor):  # nothing to recognise: never a confident answer
