@@ -447,8 +447,9 @@ def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                           for r in runs]),
            "new_flagged_before": span([r["before"]["new"]["unknown"] for r in runs]),
            "new_unknown_after": span([r["summary"]["new_unknown_after"]["mean"] for r in runs])}
-    if all("new_prototype_accuracy" in r["summary"] for r in runs):
-        out["new_prototype_accuracy"] = span([r["summary"]["new_prototype_accuracy"]["mean"] for r in runs])
+    for key in ("new_prototype_accuracy", "new_vote_accuracy", "new_switched", "old_switched"):
+        if all(key in r["summary"] for r in runs):
+            out[key] = span([r["summary"][key]["mean"] for r in runs])
     ceilings = [r["after"][-1]["new"]["accuracy"] for r in runs if has_ceiling(r)]
     if ceilings:
         out["ceiling_new_accuracy"] = span(ceilings)
@@ -532,6 +533,12 @@ def report_head(result: dict[str, Any]) -> str:
             sizes = ", ".join(sorted({str(r["after"][-1]["shots"]) for r in group["seeds"] if has_ceiling(r)}))
             lines.append(f"| ceiling: accuracy on {new} with all {sizes} training images of each enrolled | "
                          f"{_pct(s['ceiling_new_accuracy'])} | |")
+        if "new_vote_accuracy" in s:
+            lines.append(f"| for comparison, not served: {new} right by the k-NN vote alone (without the "
+                         f"enrolled-class switch) | {_pct(s['new_vote_accuracy'])} | |")
+        if "new_switched" in s and "old_switched" in s:
+            lines.append(f"| answers given by the enrolled-class switch: held-out {new} / {base} | "
+                         f"{_pct(s['new_switched'])} / {_pct(s['old_switched'], 2)} | |")
         if "new_prototype_accuracy" in s:
             lines.append(f"| diagnostic, not served: {new} right by nearest class prototype after enrolling "
                          f"{group['seeds'][0]['shots']} | {_pct(s['new_prototype_accuracy'])} | |")
@@ -624,14 +631,20 @@ def held_out_embeddings(service: Any, source: str) -> np.ndarray:
 
 def served(artifacts: Path, source: str = DEFAULT_DATA_SOURCE, base_classes: tuple[str, ...] = DIGIT_CLASSES[:8],
            new: tuple[str, ...] = DIGIT_PAIR) -> dict[str, Any]:
-    """Answers of `artifacts` (EmbeddingService, as served: verified, its searcher, prototypes and threshold) to the
-    held-out images of `source`, per group."""
+    """Answers of `artifacts` (EmbeddingService, as served: verified, its searcher, prototypes, threshold and
+    enrolled-class switch) to the held-out images of `source`, per group; with a switch, also the share of answers it
+    gave (``switched``) and the accuracy of the k-NN vote alone (``vote_accuracy``)."""
     from handler.service import EmbeddingService
 
     ds = dataset(source)
     service = EmbeddingService.from_dir(artifacts)
     embeddings = held_out_embeddings(service, source)
-    answers = service.searcher.classify(embeddings)
+    searcher = service.searcher
+    distances, ids, scores = searcher.search(embeddings)
+    switched = searcher.switched(embeddings)
+    vote = [searcher.answer(d, i, s) for d, i, s in zip(distances, ids, scores)]
+    answers = vote if switched is None else [searcher.answer(d, i, s, to)
+                                             for d, i, s, to in zip(distances, ids, scores, switched)]
     truth = np.array([ds.classes[y] for y in ds.test_labels])
     pred = np.array([str(a["pred"]) for a in answers])
     unknown = np.array([a["unknown"] for a in answers], dtype=bool)
@@ -644,6 +657,13 @@ def served(artifacts: Path, source: str = DEFAULT_DATA_SOURCE, base_classes: tup
                       "correct_and_known": float(np.mean((pred[mask] == truth[mask]) & ~unknown[mask]))}
         if nearest is not None:
             out[group]["prototype_accuracy"] = float(np.mean(nearest[mask] == truth[mask]))
+        if switched is not None:
+            fired = np.array([to is not None for to in switched], dtype=bool)
+            voted = np.array([str(a["pred"]) for a in vote])
+            out[group]["switched"] = float(np.mean(fired[mask]))
+            out[group]["vote_accuracy"] = float(np.mean(voted[mask] == truth[mask]))
+    if switched is not None:
+        out["switch_tau"] = searcher.switch.tau
     out["threshold"] = service.searcher.threshold
     out["gallery"] = int(service.searcher.index.ntotal)
     return out
@@ -707,10 +727,16 @@ def run(base: Path, work: Path, seed: int, shots: int, load_start: dict[str, Any
                for key, vals in (("new_accuracy", [r["new"]["accuracy"] for r in main_runs]),
                                  ("old_accuracy", [r["old"]["accuracy"] for r in main_runs]),
                                  ("new_unknown_after", [r["new"]["unknown"] for r in main_runs]))}
-    if all("prototype_accuracy" in r["new"] for r in main_runs):
-        values = [r["new"]["prototype_accuracy"] for r in main_runs]
-        summary["new_prototype_accuracy"] = {"mean": float(np.mean(values)), "min": float(np.min(values)),
-                                             "max": float(np.max(values))}
+    for key, name in (("prototype_accuracy", "new_prototype_accuracy"), ("vote_accuracy", "new_vote_accuracy"),
+                      ("switched", "new_switched")):
+        if all(key in r["new"] for r in main_runs):
+            values = [r["new"][key] for r in main_runs]
+            summary[name] = {"mean": float(np.mean(values)), "min": float(np.min(values)),
+                             "max": float(np.max(values))}
+    if all("switched" in r["old"] for r in main_runs):
+        values = [r["old"]["switched"] for r in main_runs]
+        summary["old_switched"] = {"mean": float(np.mean(values)), "min": float(np.min(values)),
+                                   "max": float(np.max(values))}
     summary["met"] = {"new_accuracy": summary["new_accuracy"]["mean"] >= bench.target_new_accuracy,
                       "old_within": before["old"]["accuracy"] - summary["old_accuracy"]["min"]
                       <= bench.target_old_drop + 1e-12,
@@ -744,6 +770,7 @@ def report(result: dict[str, Any], group: dict[str, Any] | None = None,
     new_target, drop_target = targets["new_accuracy_min"], targets["old_accuracy_max_drop"]
     profile = result["base_training"].get("preprocessing", "digits")
     proto = all("prototype_accuracy" in r["new"] for r in result["after"])
+    switch = all("switch_tau" in r for r in result["after"])
     precision = cfg.get("precision", "fp32")
     lines = [
         f"## {' + '.join(group['new'])} held out, seed {result['seed']}" if group["new"] != list(DIGIT_PAIR)
@@ -759,8 +786,10 @@ def report(result: dict[str, Any], group: dict[str, Any] | None = None,
         f"--new-only` from {result['shots']} training images each, {result['draws']} independent draws. Held-out: "
         f"the data's {before['old']['n'] + before['new']['n']:,} test images ({before['old']['n']:,} of the "
         f"{n_base} trained classes, {before['new']['n']:,} of the {n_new} new ones), answered by "
-        "handler.service.EmbeddingService as served. Accuracy is the k-NN answer; `unknown` is the open-set flag at "
-        "the recorded threshold.", "",
+        "handler.service.EmbeddingService as served. Accuracy is the "
+        + ("served answer: the k-NN vote, or the enrolled class the enrolled-class switch picks where it fires"
+           if switch else "k-NN answer")
+        + "; `unknown` is the open-set flag at the recorded threshold.", "",
         f"**Before** enrollment: accuracy on {base} {before['old']['accuracy']:.2%} ({before['old']['unknown']:.2%} "
         f"of them flagged unknown); held-out {new} flagged `unknown` at the operating point: "
         f"**{before['new']['unknown']:.1%}** (threshold {before['threshold']:.4f}; the rest are answered as one of "
@@ -773,8 +802,9 @@ def report(result: dict[str, Any], group: dict[str, Any] | None = None,
         f"{_mark(summary['met']['old_within'])}).", "",
         f"| run | enrolled per class | calibration set | accuracy {new} | accuracy trained (before "
         f"{before['old']['accuracy']:.2%}) | new flagged unknown | trained flagged unknown | threshold | enroll time |"
+        + (" switch: tau, answers it gave new, trained | vote alone: new (not served) |" if switch else "")
         + (" nearest prototype: new, trained (not served) |" if proto else ""),
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if proto else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if switch else "") + ("---|" if proto else ""),
     ]
     for r in result["after"]:
         enrolled = ", ".join(f"{k}: {v}" for k, v in r["enrolled"].items())
@@ -782,6 +812,8 @@ def report(result: dict[str, Any], group: dict[str, Any] | None = None,
             f"| {r['name']} | {enrolled} | {r['calibration_n']} held-out | {r['new']['accuracy']:.1%} "
             f"| {r['old']['accuracy']:.2%} | {r['new']['unknown']:.1%} | {r['old']['unknown']:.2%} "
             f"| {r['threshold']:.4f} | {r['enroll_seconds']:.1f} s |"
+            + (f" {r['switch_tau']:.2f}, {r['new']['switched']:.1%}, {r['old']['switched']:.2%} "
+               f"| {r['new']['vote_accuracy']:.1%} |" if switch else "")
             + (f" {r['new']['prototype_accuracy']:.1%}, {r['old']['prototype_accuracy']:.2%} |" if proto else ""))
     m = result["machine"]
     if has_ceiling(result):

@@ -130,11 +130,18 @@ def test_a_fashion_pair_is_held_out_of_training_and_enrolled_with_full_frame_pre
     for r in seed["after"]:  # the diagnostic beside the served answer: nearest recorded class prototype
         assert 0.0 <= r["new"]["prototype_accuracy"] <= 1.0 and 0.0 <= r["old"]["prototype_accuracy"] <= 1.0
     assert set(seed["summary"]["new_prototype_accuracy"]) == {"mean", "min", "max"}
+    for r in seed["after"]:  # Sandal and Sneaker are enrolled classes: the enrollment records a switch, served
+        assert r["switch_tau"] >= 0 and all(0.0 <= r[g][key] <= 1.0 for g in ("new", "old")
+                                            for key in ("switched", "vote_accuracy"))
+    for key in ("new_vote_accuracy", "new_switched", "old_switched"):
+        assert set(seed["summary"][key]) == {"mean", "min", "max"} and key in group["spread"]
     for label, picked in seed["after"][1]["new_images"].items():
         assert all(arrays["train_labels"][i] == {"Sandal": 5, "Sneaker": 7}[label] for i in picked)
     md = (root / "out" / "fewshot-fashion.md").read_text()
     assert md.startswith("# Few-shot enrollment on Fashion-MNIST\n") and "PARTIAL" not in md
     assert "| Sandal + Sneaker | 0 |" in md and "the network trained on 20 training images of each class" in md
+    assert "Accuracy is the served answer: the k-NN vote, or the enrolled class the enrolled-class switch" in md
+    assert "k-NN vote alone (without the enrolled-class switch)" in md and "| switch: tau, answers it gave" in md
 
 
 def test_each_data_source_has_its_own_base_model_and_a_changed_one_is_not_reused(tiny_run, tmp_path):
