@@ -12,13 +12,15 @@ then :func:`normalize` scales it with the MNIST statistics into the float tensor
 model takes. That is the ``digits`` profile. Its version 2 (:func:`to_canvas_v2`) first sends photos and scans,
 whose background is not one flat level, through handler/photo.py: the light is divided out, the digit is found
 among paper edges, shadows and table, and only its ink reaches steps 2-3; a clean picture (MNIST, a drawing, a
-rendered digit) gets version 1's canvas bit for bit. The ``full-frame`` profile (:func:`to_full_frame`) is
+rendered digit) gets version 1's canvas bit for bit. Version 3 (:func:`to_canvas_v3`, the current one) keeps a
+strip of table at the frame's edge from reading as ink, never takes a sheet's outline for the digit, and gives the
+photo's canvas MNIST's saturated stroke core; clean pictures are unchanged. The ``full-frame`` profile (:func:`to_full_frame`) is
 for centred 28x28 pictures such as Fashion-MNIST, whose outline and size carry the class: it keeps
 the whole frame (fitted into 28x28, aspect kept) and only turns a light background dark. A
 model's metadata.json records its profile and version (:data:`PROFILES`); the handler applies the
 one recorded and refuses one it does not know.
 
-This module imports only numpy and Pillow so that it can be packed into the model archive and
+This module imports only numpy, Pillow and (through handler/photo.py) scipy, so that it can be packed into the model archive and
 imported by the handler without the training code.
 
 Speed without a second code path: 8-bit images are handled as uint8 up to the
@@ -49,8 +51,9 @@ from . import photo
 
 #: Bumped whenever the output of the digits profile changes; stored in metadata.json and checked by the handler,
 #: so a model is never served with another preprocessing. Version 2 added the photo path (:func:`to_canvas_v2`);
-#: models built with version 1 keep being served with version 1 (:data:`DIGITS_V1`).
-PREPROCESSING_VERSION = "2"
+#: version 3 finds the digit better on a photo and gives it MNIST's tone (:func:`to_canvas_v3`). Models built with
+#: an older version keep being served with it (:data:`DIGITS_V1`, :data:`DIGITS_V2`).
+PREPROCESSING_VERSION = "3"
 
 CANVAS = 28
 BOX = 20
@@ -258,15 +261,28 @@ def _canvas_from_uint8(gray: np.ndarray) -> np.ndarray:
     return _place(levels.take(band[rows[0] : rows[-1] + 1]))
 
 
-def to_canvas_v2(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """Version 2 of the digits canvas: photos and scans (no flat background: noise, grain, lighting, shadow, table)
-    have their light removed and their digit found first (handler/photo.py); clean pictures get version 1's canvas."""
+def _photo_canvas(image: ImageInput, max_pixels: int, recipe: photo.Recipe) -> np.ndarray:
+    """Photos and scans (no flat background: noise, grain, lighting, shadow, table) have their light removed and
+    their digit found first (handler/photo.py); clean pictures get version 1's canvas."""
     gray = _gray_array(image, max_pixels)
     if photo.flat_background(gray):
         return _version_1_canvas(gray)
-    ink = photo.digit_ink(gray)
+    ink = photo.digit_ink(gray, recipe)
     canvas = np.zeros((CANVAS, CANVAS), np.float32) if ink is None else _place(ink)
+    if ink is not None and recipe.mnist_tone:
+        canvas = photo.mnist_tone(canvas)
     return np.round(canvas * 255.0).astype(np.uint8)
+
+
+def to_canvas_v2(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Version 2 of the digits canvas: the first photo path (:data:`photo.V2`)."""
+    return _photo_canvas(image, max_pixels, photo.V2)
+
+
+def to_canvas_v3(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Version 3 of the digits canvas: the photo path with the frame padded, sheet outlines dropped and MNIST's
+    tone (:data:`photo.V3`); clean pictures still get version 1's canvas."""
+    return _photo_canvas(image, max_pixels, photo.V3)
 
 
 def is_blank(tensor: np.ndarray) -> bool:
@@ -353,15 +369,17 @@ class Profile:
 
 #: Digits as MNIST was made (crop to content, 20x20 box, centre of mass); MNIST statistics. Photos and scans have
 #: their light removed and their digit found first (handler/photo.py).
-DIGITS = Profile("digits", PREPROCESSING_VERSION, to_canvas_v2, MEAN, STD, BOX)
+DIGITS = Profile("digits", PREPROCESSING_VERSION, to_canvas_v3, MEAN, STD, BOX)
 #: The digits profile before the photo path, for models built with it.
 DIGITS_V1 = Profile("digits", "1", to_canvas, MEAN, STD, BOX)
+#: The first photo path, for models built with it.
+DIGITS_V2 = Profile("digits", "2", to_canvas_v2, MEAN, STD, BOX)
 #: Whole frame kept; the customary Fashion-MNIST training-set statistics.
 FULL_FRAME = Profile("full-frame", "1", to_full_frame, 0.2860, 0.3530)
 #: The profile new models are built with, by name.
 PROFILES = {profile.name: profile for profile in (DIGITS, FULL_FRAME)}
 #: Every profile the handler serves, by (name, version).
-SERVED = {(profile.name, profile.version): profile for profile in (DIGITS, DIGITS_V1, FULL_FRAME)}
+SERVED = {(profile.name, profile.version): profile for profile in (DIGITS, DIGITS_V2, DIGITS_V1, FULL_FRAME)}
 
 
 class ProfileError(ValueError):
