@@ -67,12 +67,13 @@ def open_set_score(distances: np.ndarray, ids: np.ndarray, score: str = "top1_di
 class EnrolledSwitch:
     """The answer rule for classes enrolled from a few images (``python -m training enroll``).
 
-    The k-NN vote outvotes a class of 10 gallery items beside classes of thousands, so the answer switches from the
-    vote to an enrolled class when the query is much closer to that class than to any trained class: squared
-    Mahalanobis distance to each class mean under ``whitening`` (the trained classes' pooled within-class
-    covariance, inverse square root), ``gap`` = distance to the nearest trained-class mean minus distance to the
-    nearest enrolled-class mean, switch when ``gap > tau`` (enrollment sets tau so that at most a small share of
-    held-out trained-class images would switch).
+    The k-NN vote outvotes a class of 10 gallery items beside classes of thousands, so where the vote answers a
+    trained class, the answer switches to an enrolled class when the query is much closer to that class than to any
+    trained class: squared Mahalanobis distance to each class mean under ``whitening`` (the trained classes' pooled
+    within-class covariance, inverse square root), ``gap`` = distance to the nearest trained-class mean minus
+    distance to the nearest enrolled-class mean, the switch fires when ``gap > tau`` (enrollment sets tau so that
+    at most a small share of held-out trained-class images would). A vote for an enrolled class stands: the vote
+    is not outvoted there, and it tells enrolled classes apart better than their means once they hold many images.
     """
 
     #: Class names, one per row of ``means``.
@@ -123,7 +124,7 @@ class EnrolledSwitch:
         return trained - squared[np.arange(len(x)), enrolled_pos[nearest]], enrolled_pos[nearest]
 
     def choose(self, embeddings: np.ndarray) -> list[str | None]:
-        """Per embedding, the enrolled class the answer switches to, or None where the vote stands."""
+        """Per embedding, the enrolled class the switch fires for (gap > tau), or None."""
         gap, nearest = self.gaps(embeddings)
         return [self.labels[int(c)] if g > self.tau else None for g, c in zip(gap.tolist(), nearest.tolist())]
 
@@ -164,9 +165,9 @@ class GallerySearcher:
     Distances are Euclidean (0 = identical, 2 = opposite on the unit sphere). The vote weights
     each neighbour by 1/(distance + eps); ``confidence`` is the winning label's share of the
     weight; ``unknown`` is set when the open-set score (:func:`open_set_score`: by default the nearest
-    neighbour's distance) exceeds ``threshold``. With an :class:`EnrolledSwitch` (``switch``), ``pred`` is the
-    enrolled class it chooses where it fires (``confidence`` stays that label's share of the vote's weight, which
-    may be 0); without one, answers are the vote's.
+    neighbour's distance) exceeds ``threshold``. With an :class:`EnrolledSwitch` (``switch``), where the vote
+    answers a trained class and the switch fires, ``pred`` is the enrolled class it chooses (``confidence`` stays
+    that label's share of the vote's weight, which may be 0); without one, answers are the vote's.
     """
 
     def __init__(
@@ -193,16 +194,7 @@ class GallerySearcher:
             prototypes = np.asarray(prototypes if prototypes is not None else np.zeros((0, 0)), np.float32)
             if prototypes.ndim != 2 or len(prototypes) == 0 or prototypes.shape[1] != index.d:
                 raise ValueError(f"prototype_distance needs prototypes of shape (C, {index.d}), got {prototypes.shape}")
-        if switch is not None:
-            if switch.dim != index.d:
-                raise ValueError(f"the enrolled switch has {switch.dim}-dimensional means but the index holds "
-                                 f"{index.d}")
-            missing = sorted(set(switch.enrolled) - {str(label) for label in labels})
-            if missing:
-                raise ValueError(f"the enrolled switch names {missing[0]!r}, which labels.json does not hold")
         self.prototypes = prototypes
-        #: The enrolled-class switch, or None: the vote alone.
-        self.switch = switch
         self.index = index
         self.score = score
         self.kth = kth if score == "kth_distance" else 1
@@ -211,6 +203,7 @@ class GallerySearcher:
         self._label_text = [str(label) for label in self.labels.tolist()]
         self.k = k
         self.threshold = threshold
+        self.switch = switch
         for name, value in (search_params or {}).items():
             faiss.ParameterSpace().set_index_parameter(index, name, value)
 
@@ -223,6 +216,23 @@ class GallerySearcher:
     @property
     def dim(self) -> int:
         return self.index.d
+
+    @property
+    def switch(self) -> EnrolledSwitch | None:
+        """The enrolled-class switch, or None: the vote alone."""
+        return self._switch
+
+    @switch.setter
+    def switch(self, switch: EnrolledSwitch | None) -> None:
+        if switch is not None:
+            if switch.dim != self.index.d:
+                raise ValueError(f"the enrolled switch has {switch.dim}-dimensional means but the index holds "
+                                 f"{self.index.d}")
+            if set(switch.labels) != set(self._label_text):
+                differ = sorted(set(switch.labels) ^ set(self._label_text))
+                raise ValueError(f"the enrolled switch's classes are not the gallery's (labels.json): {differ[0]!r} "
+                                 "is in only one of them")
+        self._switch = switch
 
     def neighbours(self, embeddings: np.ndarray, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """One FAISS search for the whole batch: (Euclidean distances, gallery ids), each (N, k)."""
@@ -251,7 +261,8 @@ class GallerySearcher:
         return [self.answer(d, i, s, to) for d, i, s, to in zip(distances, ids, scores, switched)]
 
     def switched(self, embeddings: np.ndarray) -> list[str | None] | None:
-        """Per embedding, the enrolled class its answer switches to (None: the vote's); None without a switch."""
+        """Per embedding, the enrolled class the switch fires for (None: it does not), for :meth:`answer`; None
+        without a switch."""
         return None if self.switch is None else self.switch.choose(embeddings)
 
     def search(self, embeddings: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -264,7 +275,8 @@ class GallerySearcher:
     def answer(self, distances: np.ndarray, ids: np.ndarray, score: float,
                switch_to: str | None = None) -> dict[str, Any]:
         """The answer for one query's row of :meth:`search` (its ``neighbours`` are the ids >= 0, in order);
-        ``switch_to``: the query's entry of :meth:`switched`, the answer's ``pred`` when not None."""
+        ``switch_to``: the query's entry of :meth:`switched`, the answer's ``pred`` when not None and the vote
+        answers a class the switch does not count as enrolled."""
         # Python lists from the start: one conversion per row instead of one per element (tolist() gives the same
         # floats as float() of each float32); approximate indexes may return fewer than k hits (id -1).
         text = self._label_text
@@ -276,7 +288,9 @@ class GallerySearcher:
         for label, dist in hits:
             weights[label] = weights.get(label, 0.0) + 1.0 / (dist + 1e-6)
         # Ties go to the label met first, i.e. the nearest neighbour's.
-        pred = max(weights, key=lambda lab: (weights[lab], -labels.index(lab))) if switch_to is None else switch_to
+        pred = max(weights, key=lambda lab: (weights[lab], -labels.index(lab)))
+        if switch_to is not None and (self._switch is None or pred not in self._switch.enrolled):
+            pred = switch_to
         return {
             "pred": pred,
             "dist": round(hits[0][1], 6),

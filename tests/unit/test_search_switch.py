@@ -157,5 +157,23 @@ def test_a_malformed_section_is_an_artifact_error_in_one_line(metadata, fragment
 def test_the_searcher_refuses_a_switch_that_does_not_fit_its_gallery():
     with pytest.raises(ValueError, match="2-dimensional means but the index holds 3"):
         GallerySearcher(flat(np.eye(3, dtype=np.float32)), ["a", "b", "n"], k=1, switch=plane_switch())
-    with pytest.raises(ValueError, match="'n', which labels.json does not hold"):
+    with pytest.raises(ValueError, match="classes are not the gallery's .*'n' is in only one of them"):
         GallerySearcher(flat(on_circle(0.0, 1.0)), ["a", "b"], k=1, switch=plane_switch())
+    s = GallerySearcher(flat(on_circle(0.0, 1.0, 2.0, 3.0)), ["a", "b", "n", "z"], k=1)
+    with pytest.raises(ValueError, match="'z' is in only one of them"):  # checked when set later, too
+        s.switch = plane_switch()
+    assert s.switch is None
+
+
+def test_a_vote_for_an_enrolled_class_stands():
+    """Where the vote already answers an enrolled class it is not outvoted: the switch, which picks the nearest
+    enrolled mean, does not override it (with many images per enrolled class the vote tells them apart better)."""
+    angles = [*A_ANGLES, *B_ANGLES, 0.5, 1.0, 1.05, 1.1]
+    labels = [*LABELS[:-1], "n", "m", "m", "m"]
+    means = np.concatenate([class_means(), on_circle(2.0).astype(np.float64)])  # m's mean put far from its items
+    switch = EnrolledSwitch(("a", "b", "n", "m"), ("n", "m"), means, np.eye(2) * 10, 0.0)
+    s = GallerySearcher(flat(on_circle(*angles)), labels, k=5, switch=switch)
+    query = on_circle(1.02)
+    assert switch.choose(query) == ["n"]  # fires, for n: nearer than a's mean and m's (misplaced) one
+    vote = GallerySearcher(flat(on_circle(*angles)), labels, k=5).classify(query)[0]
+    assert vote["pred"] == "m" and s.classify(query)[0] == vote
