@@ -537,7 +537,7 @@ def report_head(result: dict[str, Any]) -> str:
             lines.append(f"| for comparison, not served: {new} right by the k-NN vote alone (without the "
                          f"enrolled-class switch) | {_pct(s['new_vote_accuracy'])} | |")
         if "new_switched" in s and "old_switched" in s:
-            lines.append(f"| answers given by the enrolled-class switch: held-out {new} / {base} | "
+            lines.append(f"| answers changed by the enrolled-class switch: held-out {new} / {base} | "
                          f"{_pct(s['new_switched'])} / {_pct(s['old_switched'], 2)} | |")
         if "new_prototype_accuracy" in s:
             lines.append(f"| diagnostic, not served: {new} right by nearest class prototype after enrolling "
@@ -633,7 +633,7 @@ def served(artifacts: Path, source: str = DEFAULT_DATA_SOURCE, base_classes: tup
            new: tuple[str, ...] = DIGIT_PAIR) -> dict[str, Any]:
     """Answers of `artifacts` (EmbeddingService, as served: verified, its searcher, prototypes, threshold and
     enrolled-class switch) to the held-out images of `source`, per group; with a switch, also the share of answers it
-    gave (``switched``) and the accuracy of the k-NN vote alone (``vote_accuracy``)."""
+    changed from the vote's (``switched``) and the accuracy of the k-NN vote alone (``vote_accuracy``)."""
     from handler.service import EmbeddingService
 
     ds = dataset(source)
@@ -658,9 +658,8 @@ def served(artifacts: Path, source: str = DEFAULT_DATA_SOURCE, base_classes: tup
         if nearest is not None:
             out[group]["prototype_accuracy"] = float(np.mean(nearest[mask] == truth[mask]))
         if switched is not None:
-            fired = np.array([to is not None for to in switched], dtype=bool)
             voted = np.array([str(a["pred"]) for a in vote])
-            out[group]["switched"] = float(np.mean(fired[mask]))
+            out[group]["switched"] = float(np.mean(pred[mask] != voted[mask]))
             out[group]["vote_accuracy"] = float(np.mean(voted[mask] == truth[mask]))
     if switched is not None:
         out["switch_tau"] = searcher.switch.tau
@@ -802,7 +801,7 @@ def report(result: dict[str, Any], group: dict[str, Any] | None = None,
         f"{_mark(summary['met']['old_within'])}).", "",
         f"| run | enrolled per class | calibration set | accuracy {new} | accuracy trained (before "
         f"{before['old']['accuracy']:.2%}) | new flagged unknown | trained flagged unknown | threshold | enroll time |"
-        + (" switch: tau, answers it gave new, trained | vote alone: new (not served) |" if switch else "")
+        + (" switch: tau, answers it changed: new, trained | vote alone: new (not served) |" if switch else "")
         + (" nearest prototype: new, trained (not served) |" if proto else ""),
         "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if switch else "") + ("---|" if proto else ""),
     ]

@@ -141,7 +141,8 @@ def test_a_fashion_pair_is_held_out_of_training_and_enrolled_with_full_frame_pre
     assert md.startswith("# Few-shot enrollment on Fashion-MNIST\n") and "PARTIAL" not in md
     assert "| Sandal + Sneaker | 0 |" in md and "the network trained on 20 training images of each class" in md
     assert "Accuracy is the served answer: the k-NN vote, or the enrolled class the enrolled-class switch" in md
-    assert "k-NN vote alone (without the enrolled-class switch)" in md and "| switch: tau, answers it gave" in md
+    assert "k-NN vote alone (without the enrolled-class switch)" in md
+    assert "| switch: tau, answers it changed: new, trained |" in md
 
 
 def test_each_data_source_has_its_own_base_model_and_a_changed_one_is_not_reused(tiny_run, tmp_path):
