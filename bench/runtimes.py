@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     metadata = verify_artifacts(args.artifacts)
     if quantization(metadata) != "none":
         p.error(f"{args.artifacts} holds an {quantization(metadata)} model: this benchmark compares runtimes of the "
-                "float model (train without --quantize)")
+                "float model (train with --quantize none)")
     if ONNX_FILE not in metadata.get("sha256", {}):
         p.error(f"{args.artifacts} has no {ONNX_FILE}: train with onnx and onnxruntime installed")
     data = prepare_data(metadata["dataset"]["name"], profile=profile_of(metadata).name)

@@ -4,7 +4,7 @@ full builds). Everything after training (quantization, gallery, prototypes, thre
 for seed 1 in ab-int8.md's notes:
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/results/ab-int8.train_once.py NET.npz --seed 1 --threads 1 \\
-        --no-plots --out F
+        --no-plots --quantize none --out F
     OMP_NUM_THREADS=1 .venv/bin/python bench/results/ab-int8.train_once.py NET.npz --seed 1 --threads 1 --no-plots \\
         --quantize int8 --out Q
 
