@@ -149,8 +149,9 @@ class Analysis:
     unknown_notes: list[str] = field(default_factory=list)
 
 
-def _case(searcher, position: int, truth: str, distances, ids, score: float, blank: bool) -> Case:
-    answer = searcher.answer(distances, ids, score)
+def _case(searcher, position: int, truth: str, distances, ids, score: float, blank: bool,
+          switch_to: str | None = None) -> Case:
+    answer = searcher.answer(distances, ids, score, switch_to)
     neighbours = [(int(i), str(searcher.labels[i]), float(d)) for i, d in zip(ids, distances) if i >= 0]
     return Case(position, truth, str(answer["pred"]), float(answer["confidence"]), float(score),
                 bool(answer["unknown"] or blank), neighbours)
@@ -175,7 +176,9 @@ def analyse(service: "EmbeddingService", dataset: "Dataset", ood: Sequence[str] 
     blank = np.array([is_blank(t) for t in tensors], dtype=bool)
     scores = np.where(blank, np.inf, raw_scores)
     truth = [classes[int(y)] for y in dataset.test_labels]
-    cases = [_case(searcher, i, truth[i], distances[i], ids[i], scores[i], blank[i]) for i in range(len(truth))]
+    switched = searcher.switched(embeddings) or [None] * len(truth)  # enrolled galleries answer as served
+    cases = [_case(searcher, i, truth[i], distances[i], ids[i], scores[i], blank[i], switched[i])
+             for i in range(len(truth))]
     wrong = [c for c in cases if c.pred != c.truth]
     # Worst first: wrong answers that were served (accepted) before those flagged unknown, most confident first.
     wrong.sort(key=lambda c: (c.unknown, -c.confidence, c.neighbours[0][2] if c.neighbours else np.inf))

@@ -84,6 +84,16 @@ def test_tau_lets_at_most_the_budget_of_held_out_trained_images_switch(enrolled,
     assert switch.tau == max(ordered[int(np.floor(SWITCH_BUDGET * len(gaps)))], 0.0)
 
 
+def switching_queries(enrolled: Path, calibration_embeddings: np.ndarray) -> np.ndarray:
+    """Held-out digits, and points between the enrolled box items and those digits (some of which switch)."""
+    box = np.asarray(json.loads((enrolled / "labels.json").read_text())) == "box"
+    index = faiss.read_index(str(enrolled / "index.faiss"))
+    mix = 0.5 * index.reconstruct_n(0, index.ntotal)[box][:, None, :] + 0.5 * calibration_embeddings[None, :50, :]
+    mix = mix.reshape(-1, mix.shape[-1])
+    return np.concatenate([calibration_embeddings, mix / np.linalg.norm(mix, axis=1, keepdims=True)]).astype(
+        np.float32)
+
+
 def test_served_answers_differ_from_the_vote_only_where_the_switch_fires(enrolled, tmp_path, calibration_embeddings):
     """A gallery without the section (here: the same artifacts with it removed) loads unchanged and answers by the
     vote; with it, answers change only in pred and confidence, only where the switch fires, to an enrolled class."""
@@ -94,13 +104,7 @@ def test_served_answers_differ_from_the_vote_only_where_the_switch_fires(enrolle
     (plain / METADATA_FILE).write_text(json.dumps(meta, indent=2))
     without = EmbeddingService.from_dir(plain)
     assert without.searcher.switch is None
-    box = np.asarray(json.loads((enrolled / "labels.json").read_text())) == "box"
-    index = faiss.read_index(str(enrolled / "index.faiss"))
-    # queries: held-out digits and points between the box items and the digits
-    mix = 0.5 * index.reconstruct_n(0, index.ntotal)[box][:, None, :] + 0.5 * calibration_embeddings[None, :50, :]
-    mix = mix.reshape(-1, mix.shape[-1])
-    queries = np.concatenate([calibration_embeddings, mix / np.linalg.norm(mix, axis=1, keepdims=True)]).astype(
-        np.float32)
+    queries = switching_queries(enrolled, calibration_embeddings)
     vote = without.searcher.classify(queries)
     reference = GallerySearcher.from_files(plain / "index.faiss", plain / "labels.json", k=meta["k"],
                                            threshold=meta["open_set"]["threshold"], score=meta["open_set"]["score"],
@@ -164,3 +168,17 @@ def test_a_malformed_switch_is_refused_when_serving_and_enrolling(enrolled, tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "enrolled_switch: enrolled switch: whitening must be" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_report_answers_each_case_as_served(enrolled, calibration_embeddings):
+    """python -m training report shows its worst errors from the answers the server gives, switch included."""
+    from training.report import _case
+
+    searcher = EmbeddingService.from_dir(enrolled).searcher
+    queries = switching_queries(enrolled, calibration_embeddings)
+    distances, ids, scores = searcher.search(queries)
+    switched = searcher.switched(queries)
+    served = searcher.classify(queries)
+    cases = [_case(searcher, i, "0", distances[i], ids[i], scores[i], False, switched[i]) for i in range(len(queries))]
+    assert any(c.pred == "box" for c in cases)
+    assert [c.pred for c in cases] == [a["pred"] for a in served]
