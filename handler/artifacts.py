@@ -8,7 +8,10 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .search import EnrolledSwitch
 
 MODEL_FILE = "model.pt"
 INDEX_FILE = "index.faiss"
@@ -165,3 +168,32 @@ def read_sources(directory: Path, metadata: dict[str, Any], size: int) -> tuple[
     if not all(isinstance(i, wanted) and not isinstance(i, bool) for i in ids):
         raise ArtifactError(f"{path}: {kind} ids must all be {wanted.__name__}s")
     return kind, ids
+
+
+def enrolled_switch(metadata: dict[str, Any]) -> EnrolledSwitch | None:
+    """The enrolled-class switch metadata.json records, or None (galleries without enrolled classes, and those
+    enrolled before the switch existed: they answer by the vote alone). A malformed section is an ArtifactError."""
+    import numpy as np
+
+    from .search import SWITCH_RULE, SWITCH_SECTION, EnrolledSwitch
+
+    section = metadata.get(SWITCH_SECTION)
+    if section is None:
+        return None
+    where = f"{METADATA_FILE}: {SWITCH_SECTION}"
+    if not isinstance(section, dict):
+        raise ArtifactError(f"{where} must be an object")
+    if section.get("rule") != SWITCH_RULE:
+        raise ArtifactError(f"{where}.rule {section.get('rule')!r} is not one this handler implements ({SWITCH_RULE})")
+    labels, enrolled, tau = section.get("labels"), section.get("enrolled"), section.get("tau")
+    if not (isinstance(labels, list) and isinstance(enrolled, list)
+            and all(isinstance(x, str) for x in [*labels, *enrolled])):
+        raise ArtifactError(f"{where}.labels and .enrolled must be lists of class names")
+    if not isinstance(tau, (int, float)) or isinstance(tau, bool):
+        raise ArtifactError(f"{where}.tau must be a number, got {tau!r}")
+    try:
+        means = np.asarray(section.get("means"), dtype=np.float64)
+        whitening = np.asarray(section.get("whitening"), dtype=np.float64)
+        return EnrolledSwitch(tuple(labels), tuple(enrolled), means, whitening, float(tau))
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"{where}: {' '.join(str(exc).split())}") from None

@@ -11,7 +11,6 @@ from typing import Any, Sequence
 import faiss
 import numpy as np
 
-from .artifacts import METADATA_FILE, ArtifactError
 
 DEFAULT_K = 5
 #: metadata.json's section holding the enrolled-class switch (:class:`EnrolledSwitch`); written by
@@ -133,30 +132,6 @@ class EnrolledSwitch:
         return {"rule": SWITCH_RULE, "labels": list(self.labels), "enrolled": list(self.enrolled),
                 "tau": float(self.tau), "means": self.means.tolist(), "whitening": self.whitening.tolist()}
 
-
-def enrolled_switch(metadata: dict[str, Any]) -> EnrolledSwitch | None:
-    """The enrolled-class switch metadata.json records, or None (galleries without enrolled classes, and those
-    enrolled before the switch existed: they answer by the vote alone). A malformed section is an ArtifactError."""
-    section = metadata.get(SWITCH_SECTION)
-    if section is None:
-        return None
-    where = f"{METADATA_FILE}: {SWITCH_SECTION}"
-    if not isinstance(section, dict):
-        raise ArtifactError(f"{where} must be an object")
-    if section.get("rule") != SWITCH_RULE:
-        raise ArtifactError(f"{where}.rule {section.get('rule')!r} is not one this handler implements ({SWITCH_RULE})")
-    labels, enrolled, tau = section.get("labels"), section.get("enrolled"), section.get("tau")
-    if not (isinstance(labels, list) and isinstance(enrolled, list)
-            and all(isinstance(x, str) for x in [*labels, *enrolled])):
-        raise ArtifactError(f"{where}.labels and .enrolled must be lists of class names")
-    if not isinstance(tau, (int, float)) or isinstance(tau, bool):
-        raise ArtifactError(f"{where}.tau must be a number, got {tau!r}")
-    try:
-        means = np.asarray(section.get("means"), dtype=np.float64)
-        whitening = np.asarray(section.get("whitening"), dtype=np.float64)
-        return EnrolledSwitch(tuple(labels), tuple(enrolled), means, whitening, float(tau))
-    except (TypeError, ValueError) as exc:
-        raise ArtifactError(f"{where}: {' '.join(str(exc).split())}") from None
 
 
 class GallerySearcher:

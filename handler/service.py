@@ -18,6 +18,7 @@ from .artifacts import (
     ONNX_FILE,
     SOURCE_KEYS,
     ArtifactError,
+    enrolled_switch,
     open_set_settings,
     quantization,
     read_sources,
@@ -25,7 +26,7 @@ from .artifacts import (
 )
 from .preprocessing import DEFAULT_MAX_PIXELS, InvalidImageError, ProfileError, is_blank, profile_of
 from .requests import RequestError, error_answer
-from .search import GallerySearcher, enrolled_switch
+from .search import GallerySearcher
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ class EmbeddingService:
                  threads: int | None = None) -> "EmbeddingService":
         """Load from a directory only after every artifact's SHA-256 matched metadata.json; the open-set score and
         threshold are the ones metadata.json records (handler.artifacts.open_set_settings), and so is the
-        enrolled-class switch (handler.search.enrolled_switch; none: the vote alone). ``runtime`` and ``threads``:
+        enrolled-class switch (handler.artifacts.enrolled_switch; none: the vote alone). ``runtime`` and ``threads``:
         see :func:`load_model`."""
         model_dir = Path(model_dir)
         metadata = verify_artifacts(model_dir)

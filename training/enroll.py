@@ -46,6 +46,7 @@ from handler.artifacts import (
     ONNX_FILE,
     SOURCES_FILE,
     ArtifactError,
+    enrolled_switch,
     read_sources,
     open_set_settings,
     sha256_file,
@@ -56,7 +57,6 @@ from handler.search import (
     EnrolledSwitch,
     GallerySearcher,
     class_prototypes,
-    enrolled_switch,
     gallery_vectors,
 )
 

@@ -14,7 +14,8 @@ import torch
 
 from handler.artifacts import METADATA_FILE, ArtifactError, verify_artifacts
 from handler.preprocessing import profile_of
-from handler.search import SWITCH_SECTION, GallerySearcher, enrolled_switch
+from handler.artifacts import enrolled_switch
+from handler.search import SWITCH_SECTION, GallerySearcher
 from handler.service import EmbeddingService, Prepared
 from training.__main__ import main as training_main
 from training.enroll import SWITCH_BUDGET, WHITENING_RIDGE, calibration_images

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from handler.artifacts import ArtifactError
-from handler.search import SWITCH_SECTION, EnrolledSwitch, GallerySearcher, enrolled_switch
+from handler.artifacts import enrolled_switch
+from handler.search import SWITCH_SECTION, EnrolledSwitch, GallerySearcher
 
 
 def on_circle(*angles: float) -> np.ndarray:
