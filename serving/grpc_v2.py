@@ -224,6 +224,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         async def work():
+            if self.gateway.drain.refusing:  # as REST answers 503: a retryable refusal, never a cancelled call
+                raise RpcRefusal(grpc.StatusCode.UNAVAILABLE, "this replica is shutting down; retry")
             self._known(request.model_name, request.model_version)
             size = request.ByteSize()
             body = await self.gateway.off_loop(size, lambda: json.dumps(infer_body(request)).encode())

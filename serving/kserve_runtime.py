@@ -582,10 +582,10 @@ async def _shutdown(gateway: Gateway, runner: web.AppRunner, grpc_server: Any, t
 
     Kubernetes sends SIGTERM while the endpoint controllers and every node's proxy are still removing the pod
     from the Service, so requests keep coming for a moment: they are answered during the delay (a second
-    signal, or TorchServe exiting, ends it early). Then new requests are refused with 503 (the listener stays
-    open, so a client that connects now is answered instead of reset with the listen backlog), gRPC stops taking
-    calls, and both wait for the calls in flight; the listeners close once nothing is in flight and no request
-    came for QUIET_S, or when only TORCHSERVE_STOP_S of the grace period is left.
+    signal, or TorchServe exiting, ends it early). Then new requests are refused with 503 and gRPC calls with
+    UNAVAILABLE (the listeners stay open, so a client that connects now is answered instead of reset with the
+    listen backlog), and the requests in flight are answered; the listeners close once nothing is in flight and
+    no request came for QUIET_S, or when only TORCHSERVE_STOP_S of the grace period is left.
     """
     drain, nginx = gateway.drain, gateway.front
     drain.draining = True
@@ -604,14 +604,13 @@ async def _shutdown(gateway: Gateway, runner: web.AppRunner, grpc_server: Any, t
     if nginx is not None:
         in_flight = (await _set_drain(nginx, "refusing")) or in_flight
     logger.info("refusing new requests; %d HTTP requests in flight", in_flight)
-    grpc_stop = None
-    if grpc_server is not None:
-        grpc_stop = asyncio.ensure_future(grpc_server.stop(grace=max(deadline - time.monotonic(), 0.0)))
     settled = await (nginx.settled(deadline, QUIET_S) if nginx is not None else drain.settled(deadline))
     if not settled:
         logger.warning("HTTP requests still in flight at the end of the drain: they are cancelled")
-    if grpc_stop is not None:
-        await grpc_stop
+    if grpc_server is not None:
+        # Stopped only now: until here new calls are refused UNAVAILABLE by the servicer (a call that reaches a
+        # stopping grpc.aio server can be CANCELLED instead); the calls in flight get the rest of the drain.
+        await grpc_server.stop(grace=max(deadline - time.monotonic(), 0.0))
     if nginx is not None:
         await _stop_front(nginx, max(deadline - time.monotonic(), EXIT_MARGIN_S))
     await runner.cleanup()

@@ -224,6 +224,17 @@ def test_without_the_key_rpcs_are_unauthenticated(key):
     assert gateway.sent == []
 
 
+def test_a_refusing_replica_answers_unavailable_and_sends_nothing():
+    """Once the shutdown refuses requests, a call is refused with the retryable UNAVAILABLE (REST: 503), not left
+    to a stopping server, which may cancel it; health calls are still answered."""
+    gateway = ScriptedGateway()
+    gateway.drain.refusing = True
+    _, code, details = call(gateway, "ModelInfer", raw_request())
+    assert code == grpc.StatusCode.UNAVAILABLE and "shutting down" in details
+    assert gateway.sent == []
+    assert call(gateway, "ServerLive", pb.ServerLiveRequest(), key=None)[0].live is True
+
+
 def test_model_infer_sends_the_v2_body_and_answers_raw_outputs():
     gateway = ScriptedGateway()
     response, code, _ = call(gateway, "ModelInfer", raw_request(model_version="1.0"))
