@@ -97,8 +97,10 @@ def generate(target: Path = STUB_DIR, jar: Path | None = None) -> Path:
         built = out / package_path
         (built / "__init__.py").write_text(f'"""gRPC stubs generated from {jar.name} by client.protos; not committed."""\n')
         (built / VERSIONS_FILE).write_text(json.dumps(installed_versions()) + "\n")
-        if target.exists():  # stale stubs: move them aside, then put the new ones in their place
+        try:  # stale stubs: move them aside, then put the new ones in their place
             os.rename(target, work / "old")
+        except FileNotFoundError:  # none there, or another process moved them aside first
+            pass
         try:
             os.rename(built, target)
         except OSError:
