@@ -11,7 +11,6 @@ from typing import Any, Sequence
 import faiss
 import numpy as np
 
-
 DEFAULT_K = 5
 #: metadata.json's section holding the enrolled-class switch (:class:`EnrolledSwitch`); written by
 #: ``python -m training enroll`` for a gallery with classes the network was not trained on.
@@ -131,7 +130,6 @@ class EnrolledSwitch:
         """The metadata.json section (JSON numbers; float64 values round-trip exactly)."""
         return {"rule": SWITCH_RULE, "labels": list(self.labels), "enrolled": list(self.enrolled),
                 "tau": float(self.tau), "means": self.means.tolist(), "whitening": self.whitening.tolist()}
-
 
 
 class GallerySearcher:
