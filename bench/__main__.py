@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "preprocess": ("bench.preprocess", "preprocessing time per image, frozen version 1 against today's"),
     "runtimes": ("bench.runtimes", "the forward pass in each runtime (TorchScript, ONNX Runtime, int8)"),
     "fewshot": ("bench.fewshot", "few-shot enrollment: accuracy on new classes from a handful of images"),
+    "openset-scores": ("bench.openset_scores", "other open-set scores (kNN, Mahalanobis, combinations) on one model"),
     "client-batch": ("bench.client_batch", "images/s of python -m client predict over a folder, by --batch-size"),
     "queue": ("bench.queue", "requests/s and latency through the RabbitMQ bridge against direct REST"),
     "gpu-check": ("bench.gpu_check", "the service on CUDA, checked against the CPU's answers and timed"),
