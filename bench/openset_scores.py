@@ -322,7 +322,7 @@ def _suite_generators() -> tuple[Callable[..., Any], Callable[..., Any]]:
     tests = str(REPO / "tests")
     if tests not in sys.path:
         sys.path.insert(0, tests)
-    from integration.test_product_quality import printed_digits
+    from support.printed_fonts import printed_digits
     from support.photo_set import photo_exam
 
     return photo_exam, printed_digits

@@ -18,7 +18,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 from handler.service import EmbeddingService  # noqa: E402
-from integration.test_product_quality import printed_digits  # noqa: E402
+from support.printed_fonts import printed_digits  # noqa: E402
 from support.photo_set import photo_exam  # noqa: E402
 from training.data import load_dataset  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The shipped model (what ./quickstart.sh trains) behind a real TorchServe, on inputs it was never trained on:
-pytorch/serve-style MNIST example images, printed digits rendered here from Debian font families that training
-never sees (it prints its own digits with DejaVu only: training/printed.py), and the photo exam: held-out digits
+pytorch/serve-style MNIST example images, printed digits in Debian font families that training
+never sees (tests/support/printed_fonts.py), and the photo exam: held-out digits
 photographed and scanned on paper (tests/support/photo_set.py).
 
 The photo exam's size and a file for its figures can be set: PHOTO_EXAM_N=1000 PHOTO_EXAM_OUT=photo.json
@@ -8,26 +8,21 @@ The photo exam's size and a file for its figures can be set: PHOTO_EXAM_N=1000 P
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import random
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw, ImageFont
 
 from serving.samples import held_out_digits, user_digit_png
 from support.photo_set import photo_exam
+from support.printed_fonts import printed_digits
 from support.torchserve import serving_client
 from training.data import load_dataset
 
 pytestmark = pytest.mark.serving
 
-#: Debian's fonts-liberation and fonts-freefont-ttf (scripts/system-deps.sh installs them).
-FONT_DIRS = (Path("/usr/share/fonts/truetype/liberation"), Path("/usr/share/fonts/truetype/freefont"))
 PRINTED_TARGET = 0.98
 #: The photo exam through the served endpoint: the floor of the share answered correctly and the ceiling of the
 #: share flagged unknown that the shipped model holds today (about 96% and 3-4%). The goal, 97% and 2%, is not met
@@ -51,32 +46,6 @@ def test_mnist_example_style_images_are_all_classified_correctly(product_client)
     # The open-set threshold accepts 99.5% of held-out digits by design; the first held-out 9 of the bundled sample
     # is one of the 0.5% it rejects (flagged unknown, still classified 9). More than that would be a regression.
     assert sum(a["unknown"] for a in answers) <= 1, answers
-
-
-def printed_digits(seed: int = 0) -> list[tuple[bytes, str]]:
-    """Every digit in every Liberation and FreeFont face, twice, at random sizes, offsets and stroke widths, in both
-    polarities, as PNG or JPEG."""
-    fonts = sorted(p for directory in FONT_DIRS for p in directory.glob("*.ttf"))
-    assert len(fonts) >= 20, "fonts-liberation or fonts-freefont-ttf is missing (scripts/system-deps.sh installs them)"
-    rng = random.Random(seed)
-    out = []
-    for font_path in fonts:
-        for digit in range(10):
-            for _ in range(2):
-                size = rng.choice([40, 64, 96])
-                font = ImageFont.truetype(str(font_path), size)
-                side = int(size * 1.6)
-                image = Image.new("L", (side, side), 255)
-                ImageDraw.Draw(image).text((side / 2 + rng.randint(-8, 8), side / 2 + rng.randint(-8, 8)), str(digit),
-                                           font=font, fill=0, anchor="mm", stroke_width=rng.choice([0, 0, 1, 2]),
-                                           stroke_fill=0)
-                if rng.random() < 0.5:
-                    image = Image.eval(image, lambda v: 255 - v)
-                fmt = rng.choice(["PNG", "JPEG"])
-                buf = io.BytesIO()
-                image.save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-                out.append((buf.getvalue(), str(digit)))
-    return out
 
 
 def test_printed_digits_through_the_served_endpoint(product_client, record_property):
