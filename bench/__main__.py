@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "latency": ("bench.latency", "batch delay / size and worker count against the low-load latency target"),
     "ab": ("bench.ab", "two artifact directories through the same `run` sections, interleaved rounds"),
     "container": ("bench.container", "the serving image against the same configuration outside a container"),
+    "gateway-ab": ("bench.gateway_ab", "the serving image and TorchServe alone side by side, paired short trials"),
     "limits": ("bench.limits", "the serving image under the CPU and memory limits a cluster would set"),
     "soak": ("bench.soak", "a long steady load: errors, latency and RSS growth per window"),
     "profile-worker": ("bench.profile_worker", "where a TorchServe worker's time goes under load (py-spy)"),

@@ -1,0 +1,240 @@
+"""`python -m bench gateway-ab`: the serving image and TorchServe alone up at once, short trials interleaved.
+
+`python -m bench container` measures each server in its own stretch of minutes, so a drift in the machine's speed
+between two stretches lands on one server (TorchServe alone moved 30% between two rounds on the project machine).
+Here both servers run side by side on the same staged /mnt/models directory: the image as the ServingRuntime runs
+it (:func:`bench.container.start_container`) and TorchServe alone on the host (same config.properties, no front, no
+key). Each round runs every (body, concurrency) once on each server, back to back in alternating order, and the
+ratio image / alone is taken within the round; the report gives the median of those paired ratios and their spread.
+The idle server costs next to nothing while the other is loaded (its workers wait on a socket).
+
+Usage: ``[--gallery 5k,60k] [--concurrency 16,64] [--rounds 8] [--duration 5] [--out bench/results]``; build options
+as for `bench container` (--build-args or $BUILD_IMAGES_ARGS). Writes gateway-ab.md and gateway-ab.summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from settings import REPO
+
+from . import env, output
+from .container import (BODIES, TARGET_CONCURRENCY, TARGET_P99_RATIO, TARGET_RPS_RATIO, Server, build_image,
+                        check_answer, gallery_artifacts, load, log, request_bodies, scripts_for, stage,
+                        start_container, start_host, warm_up)
+from .loadgen import LoadError, WrkScript, run_wrk
+
+NAME = "gateway-ab"
+SIDES = ("image", "alone")
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def fmt(value: float | None, digits: int) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (0-100) of `values`; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def trial(server: Server, script: WrkScript, concurrency: int, duration_s: int) -> dict[str, Any]:
+    """One wrk run with the server's CPU over its window (100% = one core)."""
+    before = server.tree.cpu_snapshot()
+    run = run_wrk(server.base, script, concurrency, duration_s)
+    run["server_cpu_pct"] = server.tree.cpu_pct_since(before, run["seconds"])
+    return run
+
+
+def paired_rounds(servers: dict[str, Server], scripts: dict[str, dict[str, WrkScript]], concurrencies: list[int],
+                  rounds: int, duration_s: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`rounds` rounds; in each, every (body, c) in shuffled order, both sides back to back, the side that goes
+    first alternating from cell to cell and round to round so that neither always runs on a warmer machine."""
+    rng = random.Random(seed)
+    cells = [(kind, c) for kind in BODIES for c in concurrencies]
+    out = []
+    flip = 0
+    for number in range(1, rounds + 1):
+        order = cells[:]
+        rng.shuffle(order)
+        done: dict[str, Any] = {"round": number, "load_start": load(), "cells": []}
+        for kind, c in order:
+            sides = SIDES if flip % 2 == 0 else SIDES[::-1]
+            flip += 1
+            cell: dict[str, Any] = {"kind": kind, "concurrency": c, "first": sides[0]}
+            for side in sides:
+                cell[side] = trial(servers[side], scripts[side][kind], c, duration_s)
+            done["cells"].append(cell)
+            log(f"  round {number} {kind} c={c}: image {cell['image']['throughput']:.0f} / alone "
+                f"{cell['alone']['throughput']:.0f} req/s = {cell['image']['throughput'] / cell['alone']['throughput']:.2f}")
+        done["load_end"] = load()
+        out.append(done)
+    return out
+
+
+def _cpu_us(run: dict[str, Any]) -> float | None:
+    cpu, rps = run.get("server_cpu_pct"), run.get("throughput")
+    return cpu / 100 / rps * 1e6 if cpu and rps else None
+
+
+def summarize_cells(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (body, c): the paired ratios of every round (req/s and p99, image / alone) and their medians."""
+    by_cell: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rounds:
+        for cell in r["cells"]:
+            by_cell.setdefault((cell["kind"], cell["concurrency"]), []).append(cell)
+    rows = []
+    for (kind, c), cells in sorted(by_cell.items(), key=lambda kv: (list(BODIES).index(kv[0][0]), kv[0][1])):
+        rps = [x["image"]["throughput"] / x["alone"]["throughput"] for x in cells if x["alone"]["throughput"]]
+        p99 = [x["image"]["p99_ms"] / x["alone"]["p99_ms"] for x in cells if x["alone"]["p99_ms"]]
+        cpu = [a / b for x in cells if (a := _cpu_us(x["image"])) and (b := _cpu_us(x["alone"]))]
+        row = {"kind": kind, "concurrency": c, "rounds": len(cells),
+               "rps_ratio": {"median": median(rps), "p25": percentile(rps, 25), "p75": percentile(rps, 75),
+                             "values": rps},
+               "p99_ratio": {"median": median(p99), "values": p99},
+               "cpu_ratio": {"median": median(cpu), "values": cpu},
+               "rounds_at_target": sum(v >= TARGET_RPS_RATIO for v in rps),
+               "image_rps": median([x["image"]["throughput"] for x in cells]),
+               "alone_rps": median([x["alone"]["throughput"] for x in cells]),
+               "errors": sum(x[s]["errors"] for x in cells for s in SIDES)}
+        if c in TARGET_CONCURRENCY:
+            row["target_met"] = bool(rps and p99 and row["rps_ratio"]["median"] >= TARGET_RPS_RATIO
+                                     and row["p99_ratio"]["median"] <= TARGET_P99_RATIO)
+        rows.append(row)
+    return rows
+
+
+def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Both servers up on one staged directory, checked, warmed, then the paired rounds."""
+    artifacts = gallery_artifacts(name)
+    mnt = stage(artifacts, root / name)
+    bodies = request_bodies(artifacts)
+    servers: dict[str, Server] = {}
+    scripts: dict[str, dict[str, WrkScript]] = {}
+    result: dict[str, Any] = {"artifacts": str(artifacts)}
+    try:
+        servers["image"] = start_container(images, mnt, f"bench-gateway-ab-{name}")
+        servers["alone"] = start_host(mnt, root / name / "torchserve", front=None)
+        result["warmup_rps"] = {}
+        for side, server in servers.items():
+            scripts[side] = scripts_for(server, bodies)
+            for kind, script in scripts[side].items():
+                check_answer(server, kind, bodies[kind][0])
+                result["warmup_rps"][f"{side} {kind}"] = warm_up(server, script)
+        log(f"{name}: both servers up and warm, load {load()}")
+        result["rounds"] = paired_rounds(servers, scripts, args.concurrency, args.rounds, args.duration)
+        result["cells"] = summarize_cells(result["rounds"])
+    except (LoadError, RuntimeError, OSError) as exc:
+        log(f"{name}: failed: {exc}")
+        result["error"] = str(exc)
+    finally:
+        for side_scripts in scripts.values():
+            for script in side_scripts.values():
+                script.remove()
+        for server in servers.values():
+            server.stop()
+    return result
+
+
+def markdown(results: dict[str, Any]) -> str:
+    s = results["settings"]
+    lines = [
+        "# The serving image against TorchServe alone, paired rounds", "",
+        f"Started {results['started']}, took {results['duration_s']:.0f} s. Command: `{results['command']}`", "",
+        f"- Machine: {results['machine']['cpu_model']}, {results['machine']['logical_cores']} logical cores; load "
+        f"average (1/5/15 min) {results['load_start']} at the start, {results['load_end']} at the end.",
+        f"- Image `{results['image']['ref']}` as the ServingRuntime runs it (nginx front, bearer key), and TorchServe "
+        "alone on the host with the same config.properties and /mnt/models directory (no front, no key), both up "
+        f"for the whole run. {s['rounds']} rounds; in each, every body and concurrency once per server, back to back, "
+        f"{s['duration_s']} s of wrk -t1 each, the side going first alternating. Ratio = image / alone within the "
+        "round; median and interquartile range over the rounds.",
+        f"- Target: the image >= {TARGET_RPS_RATIO:g}x the req/s of TorchServe alone at "
+        f"c={' and c='.join(map(str, TARGET_CONCURRENCY))}, p99 <= {TARGET_P99_RATIO:g}x (medians of the paired "
+        "ratios).", "",
+        "| gallery | body | c | image req/s | alone req/s | req/s ratio, median (IQR) | rounds >= "
+        f"{TARGET_RPS_RATIO:g} | p99 ratio | CPU per request ratio | errors | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, g in results["galleries"].items():
+        if "error" in g:
+            lines.append(f"| {name} | error: {g['error'][:200]} | | | | | | | | | |")
+            continue
+        for row in g["cells"]:
+            r = row["rps_ratio"]
+            target = "" if "target_met" not in row else ("met" if row["target_met"] else "**missed**")
+            lines.append(f"| {name} | {row['kind']} | {row['concurrency']} | {fmt(row['image_rps'], 0)} | "
+                         f"{fmt(row['alone_rps'], 0)} | {fmt(r['median'], 2)} ({fmt(r['p25'], 2)}-{fmt(r['p75'], 2)}) "
+                         f"| {row['rounds_at_target']}/{row['rounds']} | {fmt(row['p99_ratio']['median'], 2)} | "
+                         f"{fmt(row['cpu_ratio']['median'], 2)} | {row['errors']} | {target} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench gateway-ab", description=__doc__.splitlines()[0])
+    p.add_argument("--gallery", default="5k,60k", help="comma-separated: 5k (artifacts/), 60k (Fashion-MNIST)")
+    p.add_argument("--concurrency", default="16,64", help="comma-separated concurrencies (default 16,64)")
+    p.add_argument("--rounds", type=int, default=8, help="paired rounds (default 8)")
+    p.add_argument("--duration", type=int, default=5, help="seconds per trial (default 5)")
+    p.add_argument("--build-args", default=os.environ.get("BUILD_IMAGES_ARGS", ""),
+                   help="extra scripts/build-images.sh options (default $BUILD_IMAGES_ARGS)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
+    args = p.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if args.rounds < 1 or args.duration < 1:
+        p.error("--rounds and --duration must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not (shutil.which("podman") or shutil.which("docker")):
+        print("bench.gateway_ab: neither podman nor docker is installed", file=sys.stderr)
+        return 2
+    started = time.time()
+    argv_used = argv if argv is not None else sys.argv[1:]
+    results: dict[str, Any] = {
+        "schema_version": 1, "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": shlex.join([".venv/bin/python", "-m", "bench", "gateway-ab", *argv_used]),
+        "machine": env.machine(), "versions": env.versions(), "load_start": load(),
+        "settings": {"rounds": args.rounds, "duration_s": args.duration, "concurrency": args.concurrency,
+                     "build_args": args.build_args},
+    }
+    log("building/checking the serving image")
+    images = build_image(shlex.split(args.build_args))
+    results["image"] = {k: images["serving"][k] for k in ("ref", "id", "size_bytes")}
+    results["galleries"] = {}
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-ab-") as tmp:
+        os.chmod(tmp, 0o755)  # the image's uid reads the staged directory through the bind mount
+        for name in args.gallery.split(","):
+            log(f"gallery {name}")
+            results["galleries"][name] = run_gallery(name, images, args, Path(tmp))
+            results["load_end"] = load()
+            results["duration_s"] = round(time.time() - started, 1)
+            output.write(args.out, NAME, results, markdown(results))
+    log(f"wrote {args.out}/{NAME}.md in {results['duration_s']:.0f} s")
+    return 0 if all("error" not in g for g in results["galleries"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""bench.gateway_ab: paired rounds alternate the side that goes first, and verdicts come from per-round ratios."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import gateway_ab
+
+
+def run(rps: float, p99: float, cpu: float = 180.0) -> dict:
+    return {"throughput": rps, "p99_ms": p99, "server_cpu_pct": cpu, "errors": 0}
+
+
+def cell(kind: str, c: int, image: dict, alone: dict) -> dict:
+    return {"kind": kind, "concurrency": c, "image": image, "alone": alone}
+
+
+def test_paired_ratios_are_taken_within_each_round():
+    # The machine halves its speed in round 2: both sides drop, the paired ratio does not.
+    rounds = [{"cells": [cell("png", 16, run(900, 22), run(1000, 20))]},
+              {"cells": [cell("png", 16, run(460, 44), run(500, 40))]},
+              {"cells": [cell("png", 16, run(950, 21), run(1000, 20))]}]
+    (row,) = gateway_ab.summarize_cells(rounds)
+    assert row["rps_ratio"]["values"] == pytest.approx([0.9, 0.92, 0.95])
+    assert row["rps_ratio"]["median"] == pytest.approx(0.92)
+    assert row["p99_ratio"]["median"] == pytest.approx(1.1)
+    assert row["rounds_at_target"] == 3
+    assert row["target_met"] is True
+
+
+def test_target_needs_median_throughput_and_p99():
+    slow = [{"cells": [cell("v1", 64, run(850, 20), run(1000, 20))]} for _ in range(3)]
+    assert gateway_ab.summarize_cells(slow)[0]["target_met"] is False
+    tail = [{"cells": [cell("v1", 64, run(1000, 30), run(1000, 20))]} for _ in range(3)]
+    assert gateway_ab.summarize_cells(tail)[0]["target_met"] is False
+    low_c = [{"cells": [cell("v1", 1, run(850, 20), run(1000, 20))]}]
+    assert "target_met" not in gateway_ab.summarize_cells(low_c)[0]  # c=1 is not a target concurrency
+
+
+def test_cpu_per_request_ratio():
+    rounds = [{"cells": [cell("png", 16, run(1000, 20, cpu=198), run(1100, 20, cpu=180))]}]
+    (row,) = gateway_ab.summarize_cells(rounds)
+    # image 1.98 cores / 1000 req/s = 1,980 µs; alone 1.8 / 1100 = 1,636 µs
+    assert row["cpu_ratio"]["median"] == pytest.approx(1980 / 1636.36, rel=1e-3)
+
+
+def test_percentile_interpolates():
+    assert gateway_ab.percentile([1.0, 2.0, 3.0, 4.0], 25) == pytest.approx(1.75)
+    assert gateway_ab.percentile([], 50) is None
+
+
+def test_rounds_alternate_first_side_and_cover_every_cell(monkeypatch):
+    calls = []
+
+    def fake_trial(server, script, concurrency, duration_s):
+        calls.append((server, script, concurrency))
+        return run(1000 if server == "alone" else 950, 20)
+
+    monkeypatch.setattr(gateway_ab, "trial", fake_trial)
+    monkeypatch.setattr(gateway_ab, "load", lambda: [0.0, 0.0, 0.0])
+    servers = {"image": "image", "alone": "alone"}
+    scripts = {side: {kind: kind for kind in gateway_ab.BODIES} for side in servers}
+    rounds = gateway_ab.paired_rounds(servers, scripts, [16, 64], rounds=4, duration_s=1)
+    cells = [c for r in rounds for c in r["cells"]]
+    assert len(cells) == 4 * len(gateway_ab.BODIES) * 2
+    firsts = [c["first"] for c in cells]
+    assert firsts.count("image") == firsts.count("alone")
+    for r in rounds:  # every (body, c) once per round
+        assert sorted((c["kind"], c["concurrency"]) for c in r["cells"]) == sorted(
+            (k, c) for k in gateway_ab.BODIES for c in (16, 64))
+    # each cell ran both sides back to back, the first side first
+    for i, c in enumerate(cells):
+        assert [calls[2 * i][0], calls[2 * i + 1][0]] == ([c["first"], "alone" if c["first"] == "image" else "image"])
+    table = gateway_ab.markdown({
+        "started": "t", "duration_s": 1.0, "command": "cmd", "load_start": [0], "load_end": [0],
+        "machine": {"cpu_model": "cpu", "logical_cores": 2}, "image": {"ref": "img"},
+        "settings": {"rounds": 4, "duration_s": 1},
+        "galleries": {"5k": {"cells": gateway_ab.summarize_cells(rounds)}}})
+    assert "| 5k | png | 16 | 950 | 1000 | 0.95 (0.95-0.95) | 4/4 | 1.00 |" in table
