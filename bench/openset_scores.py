@@ -1,5 +1,6 @@
-"""`python -m bench openset-scores --artifacts DIR [--photo-n 1000] [--out bench/results/openset-scores]`: other
-open-set scores than the shipped one, on the same model and the same evaluation sets.
+"""`python -m bench openset-scores`: other open-set scores than the shipped one, on the same model and sets.
+
+Usage: ``--artifacts DIR [--photo-n 1000] [--out bench/results/openset-scores]``.
 
 Every score is fitted on the gallery only (the index's vectors, which must be the training split re-embedded) and
 thresholded like the shipped one: at the 99.5% quantile of its scores on the held-out digits
