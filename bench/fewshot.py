@@ -10,8 +10,8 @@ classes before and after, and the share of held-out new-class images answered `u
 point before (and after) enrollment.
 
 - Digits (the bundled MNIST sample by default, or any ten-digit source such as `download:mnist` or `idx:DIR`):
-  trained on 0-7, 8 and 9 enrolled, 4,000 synthetic non-digits in training as for the shipped model; writes
-  fewshot.md.
+  trained on 0-7, 8 and 9 enrolled, the shipped model's synthetic non-digits in training
+  (training.train.DIGIT_NEGATIVES); writes fewshot.md.
 - Fashion-MNIST (`idx:/usr/share/datasets/fashion-mnist`, `full-frame` preprocessing): three pairs held out in
   turn, one easy, one medium, one hard; no synthetic negatives (resolve_negatives keeps them for digits only);
   writes fewshot-fashion.md. A full-size sweep does not fit a shared 2-core machine in an hour:

@@ -16,9 +16,9 @@ from training.evaluate import evaluate_open_set
 UPLOADS_FLAGGED = 0.95
 FASHION_FLAGGED = 0.95
 DIGITS_ACCEPTED = 0.99
-#: What the shipped model reaches (uploads 84.7%, Fashion-MNIST 96.9% since dataset-sized frames keep the version 1
-#: canvas), less a margin: below it is a regression. Fashion-MNIST's floor is its target.
-UPLOADS_FLOOR = 0.82
+#: What the shipped model reaches (uploads 92.0%, Fashion-MNIST 97.2% with 24 epochs and 8,000 training negatives;
+#: 90.9-92.1% over three training seeds), less a margin: below it is a regression. Fashion-MNIST's floor is its target.
+UPLOADS_FLOOR = 0.88
 FASHION_FLOOR = FASHION_FLAGGED
 
 
