@@ -527,27 +527,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def command_line(argv: list[str]) -> str:
+def command_line(argv: list[str], subcommand: str = "container") -> str:
     """The command as run, with $BUILD_IMAGES_ARGS when the build options came from it."""
-    line = shlex.join([".venv/bin/python", "-m", "bench", "container", *argv])
+    line = shlex.join([".venv/bin/python", "-m", "bench", subcommand, *argv])
     if os.environ.get("BUILD_IMAGES_ARGS") and not any(a.startswith("--build-args") for a in argv):
         line = f"BUILD_IMAGES_ARGS={shlex.quote(os.environ['BUILD_IMAGES_ARGS'])} {line}"
     return line
 
 
+def no_engine(prog: str) -> bool:
+    """True (after saying so on stderr) when neither podman nor docker is installed."""
+    if shutil.which("podman") or shutil.which("docker"):
+        return False
+    print(f"{prog}: neither podman nor docker is installed", file=sys.stderr)
+    return True
+
+
+def record_header(argv: list[str] | None, subcommand: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The start of a container benchmark's record: when, the command as run, the machine, its load, settings."""
+    return {"schema_version": 1, "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": command_line(argv if argv is not None else sys.argv[1:], subcommand),
+            "machine": env.machine(), "versions": env.versions(), "load_start": load(), "settings": settings}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not (shutil.which("podman") or shutil.which("docker")):
-        print("bench.container: neither podman nor docker is installed", file=sys.stderr)
+    if no_engine("bench.container"):
         return 2
     started = time.time()
-    results: dict[str, Any] = {
-        "schema_version": 1, "started": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": command_line(argv if argv is not None else sys.argv[1:]),
-        "machine": env.machine(), "versions": env.versions(), "load_start": load(),
-        "settings": {"trials": args.trials, "duration_s": args.duration, "concurrency": args.concurrency,
-                     "starts": args.starts, "build_args": args.build_args, "request_images": N_IMAGES},
-    }
+    results = record_header(argv, "container", {
+        "trials": args.trials, "duration_s": args.duration, "concurrency": args.concurrency, "starts": args.starts,
+        "build_args": args.build_args, "request_images": N_IMAGES})
     log("building/checking the serving image")
     images = build_image(shlex.split(args.build_args))
     results["image"] = {"engine": images["engine"], "containers_conf": images.get("containers_conf"),

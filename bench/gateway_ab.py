@@ -18,21 +18,19 @@ import argparse
 import os
 import random
 import shlex
-import shutil
 import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from settings import REPO
 
-from . import env, output
+from . import output
 from .container import (BODIES, TARGET_CONCURRENCY, TARGET_P99_RATIO, TARGET_RPS_RATIO, Server, build_image,
-                        check_answer, gallery_artifacts, load, log, request_bodies, scripts_for, stage,
-                        start_container, start_host, warm_up)
+                        check_answer, gallery_artifacts, load, log, no_engine, record_header,
+                        request_bodies, scripts_for, stage, start_container, start_host, warm_up)
 from .loadgen import LoadError, WrkScript, run_wrk
 
 NAME = "gateway-ab"
@@ -207,18 +205,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not (shutil.which("podman") or shutil.which("docker")):
-        print("bench.gateway_ab: neither podman nor docker is installed", file=sys.stderr)
+    if no_engine("bench.gateway_ab"):
         return 2
     started = time.time()
-    argv_used = argv if argv is not None else sys.argv[1:]
-    results: dict[str, Any] = {
-        "schema_version": 1, "started": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([".venv/bin/python", "-m", "bench", "gateway-ab", *argv_used]),
-        "machine": env.machine(), "versions": env.versions(), "load_start": load(),
-        "settings": {"rounds": args.rounds, "duration_s": args.duration, "concurrency": args.concurrency,
-                     "build_args": args.build_args},
-    }
+    results = record_header(argv, NAME, {"rounds": args.rounds, "duration_s": args.duration,
+                                         "concurrency": args.concurrency, "build_args": args.build_args})
     log("building/checking the serving image")
     images = build_image(shlex.split(args.build_args))
     results["image"] = {k: images["serving"][k] for k in ("ref", "id", "size_bytes")}
