@@ -44,6 +44,13 @@ def test_cpu_per_request_ratio():
     assert row["cpu_ratio"]["median"] == pytest.approx(1980 / 1636.36, rel=1e-3)
 
 
+def test_errors_fail_the_target():
+    failing = run(1000, 20)
+    failing["errors"] = 3
+    rounds = [{"cells": [cell("png", 16, failing, run(1000, 20))]}]
+    assert gateway_ab.summarize_cells(rounds)[0]["target_met"] is False
+
+
 def test_percentile_interpolates():
     assert gateway_ab.percentile([1.0, 2.0, 3.0, 4.0], 25) == pytest.approx(1.75)
     assert gateway_ab.percentile([], 50) is None
@@ -63,8 +70,10 @@ def test_rounds_alternate_first_side_and_cover_every_cell(monkeypatch):
     rounds = gateway_ab.paired_rounds(servers, scripts, [16, 64], rounds=4, duration_s=1)
     cells = [c for r in rounds for c in r["cells"]]
     assert len(cells) == 4 * len(gateway_ab.BODIES) * 2
-    firsts = [c["first"] for c in cells]
-    assert firsts.count("image") == firsts.count("alone")
+    for key in {(c["kind"], c["concurrency"]) for c in cells}:  # per cell: each side first in half the rounds,
+        firsts = [c["first"] for r in rounds for c in r["cells"] if (c["kind"], c["concurrency"]) == key]
+        assert firsts.count("image") == firsts.count("alone") == 2, (key, firsts)
+        assert all(a != b for a, b in zip(firsts, firsts[1:])), (key, firsts)  # and never twice in a row
     for r in rounds:  # every (body, c) once per round
         assert sorted((c["kind"], c["concurrency"]) for c in r["cells"]) == sorted(
             (k, c) for k in gateway_ab.BODIES for c in (16, 64))
