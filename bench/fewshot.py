@@ -11,7 +11,7 @@ point before (and after) enrollment.
 
 - Digits (the bundled MNIST sample by default, or any ten-digit source such as `download:mnist` or `idx:DIR`):
   trained on 0-7, 8 and 9 enrolled, the shipped model's synthetic non-digits in training
-  (training.train.DIGIT_NEGATIVES); writes fewshot.md.
+  (training.config.DIGIT_NEGATIVES) and epochs (TrainConfig); writes fewshot.md.
 - Fashion-MNIST (`idx:/usr/share/datasets/fashion-mnist`, `full-frame` preprocessing): three pairs held out in
   turn, one easy, one medium, one hard; no synthetic negatives (resolve_negatives keeps them for digits only);
   writes fewshot-fashion.md. A full-size sweep does not fit a shared 2-core machine in an hour:
@@ -42,7 +42,7 @@ import numpy as np
 
 from cli_common import EXIT_USAGE, Parser, UsageError, fail, output_dir, positive_int
 from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, env_threads
-from training.config import PRECISION
+from training.config import PRECISION, TrainConfig
 
 from . import output
 
@@ -220,9 +220,9 @@ def train_base(out: Path, seed: int, epochs: int, log: Callable[[str], None] = p
     `per_class`: the network trains on that many training images of each class (training_subset) and the
     gallery still holds every training image of `base_classes`, as a full build's does."""
     from training.build import staged_directory
+    from training.config import DIGIT_NEGATIVES, TrainConfig
     from training.data import Dataset
     from training.steps import build_gallery, evaluate_and_finalize, prepare_data, train_and_export
-    from training.train import DIGIT_NEGATIVES, TrainConfig
 
     data = prepare_data(source, dataset=without(source, base_classes))
     keep = training_subset(data.train_labels, per_class)
@@ -287,7 +287,8 @@ def parser() -> Parser:
                    help="groups of classes held out of training and enrolled, one experiment each (default: 8+9 "
                         "for digits; Trouser+Bag,Sandal+Sneaker,Shirt+Pullover for Fashion-MNIST)")
     p.add_argument("--seeds", type=seed_list, default=[0], help="training seeds, comma-separated")
-    p.add_argument("--epochs", type=positive_int, default=12, help="training epochs of each base model")
+    p.add_argument("--epochs", type=positive_int, default=TrainConfig().epochs,
+                   help="training epochs of each base model (default: the shipped training's, %(default)s)")
     p.add_argument("--precision", choices=PRECISION, default="fp32",
                    help="training forward pass (python -m training --precision)")
     p.add_argument("--threads", type=positive_int, default=env_threads(),

@@ -21,7 +21,8 @@ from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threa
 
 from .data import SOURCE_FORMS, source_problem
 from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
-from .config import INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES, QUANTIZE_CHOICES, TrainConfig
+from .config import (DIGIT_NEGATIVES, DIGIT_PRINTED, INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES,
+                     QUANTIZE_CHOICES, TrainConfig)
 
 DEFAULT_OUT = Path("artifacts")
 THREADS_HELP = f"torch intra-op threads (default: $OMP_NUM_THREADS, else {DEFAULT_THREADS})"
@@ -64,11 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kth", type=positive_int, default=DEFAULT_KTH,
                    help="neighbour rank of kth_distance (Sun et al. 2022)")
     p.add_argument("--negatives", type=non_negative_int, default=None,
-                   help="synthetic non-digits for outlier exposure (0: off; default 4000 when the classes are the "
-                        "ten digits, else 0)")
+                   help=f"synthetic non-digits for outlier exposure (0: off; default {DIGIT_NEGATIVES} when the "
+                        "classes are the ten digits, else 0)")
     p.add_argument("--printed", type=non_negative_int, default=None,
-                   help="printed digits (DejaVu fonts) mixed into training with their labels (0: off; default 2000 "
-                        "when the classes are the ten digits, else 0)")
+                   help=f"printed digits (DejaVu fonts) mixed into training with their labels (0: off; default "
+                        f"{DIGIT_PRINTED} when the classes are the ten digits, else 0)")
     p.add_argument("--oe-weight", type=float, default=defaults.oe_weight, help="weight of the outlier-exposure loss")
     p.add_argument("--oe-loss", choices=("hinge", "uniform"), default=defaults.oe_loss,
                    help="outlier-exposure loss (training/model.py ArcFaceHead.outlier_loss)")

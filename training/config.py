@@ -48,6 +48,14 @@ def resolve_quantize(choice: str, profile: str) -> str:
     return choice
 
 
+#: Synthetic non-digits made for outlier exposure when the classes are the ten digits
+#: (training.train.resolve_negatives).
+#: 8,000 since the 24-epoch default; at 24 epochs 4,000 did as well within the seed spread (docs/non-digits.md).
+DIGIT_NEGATIVES = 8000
+#: Printed digits mixed into training when the classes are the ten digits.
+DIGIT_PRINTED = 2000
+
+
 @dataclass
 class TrainConfig:
     #: 24, not 12: on the bundled 4,000-image sample 12 epochs left the outlier exposure underfit (docs/non-digits.md).
@@ -69,7 +77,7 @@ class TrainConfig:
     arcface_scale: float = 16.0
     arcface_margin: float = 0.3
     #: Outlier exposure (training/negatives.py): size of the synthetic non-digit pool (0: off; None: decided by
-    #: training.steps.train_and_export, training.train.DIGIT_NEGATIVES for a digit dataset, else 0), negatives
+    #: training.steps.train_and_export, DIGIT_NEGATIVES for a digit dataset, else 0), negatives
     #: per batch as a share of batch_size, the loss's weight, kind and margin (ArcFaceHead.outlier_loss).
     negatives: int | None = None
     negative_share: float = 0.5
@@ -77,7 +85,7 @@ class TrainConfig:
     oe_loss: str = "hinge"
     oe_margin: float = 0.0
     #: Printed digits (training/printed.py) in every batch with their labels: pool size (0: off; None: decided
-    #: like ``negatives``, training.train.DIGIT_PRINTED for the classes "0".."9" in that order) and share of
+    #: like ``negatives``, DIGIT_PRINTED for the classes "0".."9" in that order) and share of
     #: batch_size.
     printed: int | None = None
     printed_share: float = 0.125

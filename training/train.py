@@ -16,7 +16,7 @@ from tqdm import tqdm
 from handler.preprocessing import DIGITS, Profile
 from handler.search import GallerySearcher
 
-from .config import PRECISION, TrainConfig
+from .config import DIGIT_NEGATIVES, DIGIT_PRINTED, PRECISION, TrainConfig
 from .index import build_index
 from .model import ArcFaceHead, EmbeddingNet
 from .negatives import synthetic_negatives
@@ -58,11 +58,6 @@ def resolve_profile_defaults(config: TrainConfig, profile: str = DIGITS.name) ->
 
 #: Training images in the gallery of the per-epoch held-out curve (the last epoch uses all of them).
 CURVE_GALLERY = 10_000
-#: Synthetic non-digits made for outlier exposure when the classes are the ten digits (8,000 with 24 epochs flagged
-#: 2-5 points more real non-digit uploads than 4,000 did: docs/non-digits.md).
-DIGIT_NEGATIVES = 8000
-#: Printed digits mixed into training when the classes are the ten digits.
-DIGIT_PRINTED = 2000
 
 
 def resolve_negatives(config: TrainConfig, classes: Sequence[str], profile: str = DIGITS.name) -> TrainConfig:

@@ -18,7 +18,7 @@ FASHION_FLAGGED = 0.95
 DIGITS_ACCEPTED = 0.99
 #: What the shipped model reaches (uploads 92.0%, Fashion-MNIST 97.2% with 24 epochs and 8,000 training negatives;
 #: 90.9-92.1% over three training seeds), less a margin: below it is a regression. Fashion-MNIST's floor is its target.
-UPLOADS_FLOOR = 0.88
+UPLOADS_FLOOR = 0.86
 FASHION_FLOOR = FASHION_FLAGGED
 
 

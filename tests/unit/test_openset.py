@@ -264,7 +264,8 @@ def test_cross_fitted_acceptance_calibrates_on_one_half_and_measures_the_other()
 
 def test_outlier_exposure_is_on_for_digit_classes_only(tiny_artifacts):
     from training.data.idx import FASHION_CLASSES
-    from training.train import DIGIT_NEGATIVES, TrainConfig, resolve_negatives
+    from training.config import DIGIT_NEGATIVES, TrainConfig
+    from training.train import resolve_negatives
 
     assert resolve_negatives(TrainConfig(), [str(d) for d in range(10)]).negatives == DIGIT_NEGATIVES
     assert resolve_negatives(TrainConfig(), FASHION_CLASSES).negatives == 0  # garments are no outliers of garments

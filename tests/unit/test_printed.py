@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from training.printed import printed_digits
-from training.train import DIGIT_PRINTED, TrainConfig, resolve_negatives
+from training.config import DIGIT_PRINTED, TrainConfig
+from training.train import resolve_negatives
 
 
 def test_printed_digits_are_labelled_inked_canvases_and_reproducible():
