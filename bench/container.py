@@ -512,16 +512,21 @@ def markdown(results: dict) -> str:
 
 # --- main ---------------------------------------------------------------------------------------------
 
+def add_image_args(p: argparse.ArgumentParser) -> None:
+    """The options every benchmark of the serving image takes: galleries, image build options, output folder."""
+    p.add_argument("--gallery", default="5k,60k", help="comma-separated: 5k (artifacts/), 60k (Fashion-MNIST)")
+    p.add_argument("--build-args", default=os.environ.get("BUILD_IMAGES_ARGS", ""),
+                   help="extra scripts/build-images.sh options (default $BUILD_IMAGES_ARGS)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench container", description=__doc__.splitlines()[0])
-    p.add_argument("--gallery", default="5k,60k", help="comma-separated: 5k (artifacts/), 60k (Fashion-MNIST)")
     p.add_argument("--duration", type=int, default=20, help="seconds per load trial (default 20)")
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated concurrencies (default 1,16,64)")
     p.add_argument("--trials", type=int, default=2, help="trials per figure (default 2)")
     p.add_argument("--starts", type=int, default=3, help="container start-to-ready runs per gallery (default 3)")
-    p.add_argument("--build-args", default=os.environ.get("BUILD_IMAGES_ARGS", ""),
-                   help="extra scripts/build-images.sh options (default $BUILD_IMAGES_ARGS)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
+    add_image_args(p)
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     return args

@@ -26,11 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from settings import REPO
-
 from . import output
-from .container import (BODIES, TARGET_CONCURRENCY, TARGET_P99_RATIO, TARGET_RPS_RATIO, Server, build_image,
-                        check_answer, gallery_artifacts, load, log, no_engine, record_header,
+from .container import (BODIES, TARGET_CONCURRENCY, TARGET_P99_RATIO, TARGET_RPS_RATIO, Server, add_image_args,
+                        build_image, check_answer, gallery_artifacts, load, log, no_engine, record_header,
                         request_bodies, scripts_for, stage, start_container, start_host, warm_up)
 from .loadgen import LoadError, WrkScript, run_wrk
 
@@ -192,13 +190,10 @@ def markdown(results: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench gateway-ab", description=__doc__.splitlines()[0])
-    p.add_argument("--gallery", default="5k,60k", help="comma-separated: 5k (artifacts/), 60k (Fashion-MNIST)")
     p.add_argument("--concurrency", default="16,64", help="comma-separated concurrencies (default 16,64)")
     p.add_argument("--rounds", type=int, default=8, help="paired rounds (default 8)")
     p.add_argument("--duration", type=int, default=5, help="seconds per trial (default 5)")
-    p.add_argument("--build-args", default=os.environ.get("BUILD_IMAGES_ARGS", ""),
-                   help="extra scripts/build-images.sh options (default $BUILD_IMAGES_ARGS)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
+    add_image_args(p)
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.rounds < 1 or args.duration < 1:
