@@ -148,10 +148,10 @@ def wait_until(check: Callable[[], bool], alive: Callable[[], bool], started: fl
     return time.perf_counter() - started
 
 
-def torchserve_ready() -> bool:
+def torchserve_ready(management_port: int = INFERENCE_PORT + 1) -> bool:
     """A worker of the model is READY (what the gateway's /v2/health/ready asks the management API)."""
     try:
-        with ManagementClient(f"http://127.0.0.1:{INFERENCE_PORT + 1}", model=MODEL, timeout=1, retries=0) as mgmt:
+        with ManagementClient(f"http://127.0.0.1:{management_port}", model=MODEL, timeout=1, retries=0) as mgmt:
             return any(w.get("status") == "READY" for m in mgmt.describe() for w in m.get("workers", []))
     except ClientError:
         return False
@@ -227,6 +227,65 @@ def start_container(images: dict, mnt: Path, name: str, limits: dict[str, str] |
         stop()
         raise
     return Server("container", base, key, ready, ProcessTree(pid), stop, {"run_command_s": run_s})
+
+
+#: Where the image keeps the project (its PYTHONPATH) and so the log configuration the runtime gives TorchServe.
+IMAGE_APP = "/opt/mnist-embedding"
+
+
+def listen_everywhere(mnt: Path, out: Path) -> Path:
+    """A copy of the staged /mnt/models whose TorchServe listens on all of the container's addresses, so that a
+    published port reaches it; nothing else in config.properties changes."""
+    shutil.copytree(mnt, out, symlinks=True)
+    config = out / "config" / "config.properties"
+    text = config.read_text()
+    for port in (INFERENCE_PORT, INFERENCE_PORT + 1):
+        text = text.replace(f"http://127.0.0.1:{port}", f"http://0.0.0.0:{port}")
+    config.write_text(text)
+    subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)
+    return out
+
+
+def start_container_torchserve(images: dict, mnt: Path, name: str) -> Server:
+    """TorchServe alone in the serving image: what the ServingRuntime's container runs, without the front and the
+    gateway (same user, environment, /mnt/models and log configuration as the runtime gives it). `mnt` must be a
+    :func:`listen_everywhere` copy. Separates what the front costs from what the container costs."""
+    _, environ, uid = runtime_spec()
+    port, management = free_ports(2)
+    engine = [images["engine"]]
+    cli_env = {**os.environ, "CONTAINERS_CONF": images.get("containers_conf") or ""}
+    run = [*engine, "run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:{INFERENCE_PORT}",
+           "-p", f"127.0.0.1:{management}:{INFERENCE_PORT + 1}", "-v", f"{mnt}:/mnt/models:ro",
+           # The runtime starts TorchServe without the image's code on PYTHONPATH (serving.torchserve_env).
+           *[a for k, v in {**environ, "PYTHONPATH": ""}.items() for a in ("-e", f"{k}={v}")],
+           *(["--user", str(uid)] if uid is not None else []),
+           "--entrypoint", "torchserve", images["serving"]["ref"], "--foreground", "--ncs",
+           "--model-store", "/mnt/models/model-store", "--ts-config", "/mnt/models/config/config.properties",
+           "--log-config", f"{IMAGE_APP}/serving/log4j2.xml"]
+    subprocess.run([*engine, "rm", "-f", name], capture_output=True, env=cli_env)
+
+    def stop() -> None:
+        subprocess.run([*engine, "rm", "-f", "-t", str(STOP_TIMEOUT_S), name], capture_output=True, env=cli_env)
+
+    started = time.perf_counter()
+    done = subprocess.run(run, capture_output=True, text=True, env=cli_env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{images['engine']} run failed: {done.stderr.strip()[-300:]}")
+
+    def alive() -> bool:
+        return subprocess.run([*engine, "inspect", "-f", "{{.State.Running}}", name], capture_output=True,
+                              text=True, env=cli_env).stdout.strip() == "true"
+
+    try:
+        ready = wait_until(lambda: torchserve_ready(management), alive, started, "TorchServe in the image")
+        pid = int(subprocess.run([*engine, "inspect", "-f", "{{.State.Pid}}", name], capture_output=True,
+                                 text=True, env=cli_env, check=True).stdout.strip())
+    except BaseException:
+        logs = subprocess.run([*engine, "logs", name], capture_output=True, text=True, env=cli_env)
+        log("\n".join((logs.stdout + logs.stderr).splitlines()[-40:]))
+        stop()
+        raise
+    return Server("torchserve in the image", f"http://127.0.0.1:{port}", None, ready, ProcessTree(pid), stop)
 
 
 def start_host(mnt: Path, workdir: Path, front: str | None) -> Server:

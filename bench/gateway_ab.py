@@ -2,13 +2,19 @@
 
 `python -m bench container` measures each server in its own stretch of minutes, so a drift in the machine's speed
 between two stretches lands on one server (TorchServe alone moved 30% between two rounds on the project machine).
-Here both servers run side by side on the same staged /mnt/models directory: the image as the ServingRuntime runs
-it (:func:`bench.container.start_container`) and TorchServe alone on the host (same config.properties, no front, no
-key). Each round runs every (body, concurrency) once on each server, back to back in alternating order, and the
-ratio image / alone is taken within the round; the report gives the median of those paired ratios and their spread.
-The idle server costs next to nothing while the other is loaded (its workers wait on a socket).
+Here three servers run side by side on the same staged /mnt/models directory:
 
-Usage: ``[--gallery 5k,60k] [--concurrency 16,64] [--rounds 8] [--duration 5] [--out bench/results]``; build options
+- ``image``: the image as the ServingRuntime runs it (:func:`bench.container.start_container`: nginx front, key);
+- ``in-image``: TorchServe alone in the same image, no front and no key (:func:`start_container_torchserve`);
+- ``alone``: TorchServe alone on the host (same config.properties, no front, no key).
+
+Each round runs every (body, concurrency) once on each server, back to back, the side going first rotating, and
+the ratios are taken within the round: image / alone (the target), image / in-image (what the front costs) and
+in-image / alone (what the container costs). The report gives the medians of those paired ratios, their spread,
+and the servers' CPU per request split by process (nginx, TorchServe's Java frontend, its Python workers).
+The idle servers cost next to nothing while one is loaded (their workers wait on a socket).
+
+Usage: ``[--gallery 5k,60k] [--concurrency 16,64] [--rounds 6] [--duration 5] [--out bench/results]``; build options
 as for `bench container` (--build-args or $BUILD_IMAGES_ARGS). Writes gateway-ab.md and gateway-ab.summary.json.
 """
 
@@ -29,11 +35,19 @@ from typing import Any
 from . import output
 from .container import (BODIES, TARGET_CONCURRENCY, TARGET_P99_RATIO, TARGET_RPS_RATIO, Server, add_image_args,
                         build_image, check_answer, gallery_artifacts, load, log, no_engine, record_header,
-                        request_bodies, scripts_for, stage, start_container, start_host, warm_up)
+                        listen_everywhere, request_bodies, scripts_for, stage, start_container,
+                        start_container_torchserve, start_host, warm_up)
 from .loadgen import LoadError, WrkScript, run_wrk
+from .procs import serving_role
 
 NAME = "gateway-ab"
-SIDES = ("image", "alone")
+SIDES = ("image", "in-image", "alone")
+#: Paired ratios reported per cell: name -> (numerator side, denominator side). rps_ratio is the target's.
+RATIOS = {"rps_ratio": ("image", "alone"), "front_ratio": ("image", "in-image"),
+          "container_ratio": ("in-image", "alone")}
+#: Processes whose CPU per request the report shows, per side.
+ROLES = {"image": ("nginx", "frontend", "workers", "gateway"), "in-image": ("frontend", "workers"),
+         "alone": ("frontend", "workers")}
 
 
 def median(values: list[float]) -> float | None:
@@ -56,19 +70,23 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def trial(server: Server, script: WrkScript, concurrency: int, duration_s: int) -> dict[str, Any]:
-    """One wrk run with the server's CPU over its window (100% = one core)."""
+    """One wrk run with the server's CPU over its window (100% = one core), and its CPU µs per answered request
+    by process role (bench.procs.serving_role)."""
     before = server.tree.cpu_snapshot()
     run = run_wrk(server.base, script, concurrency, duration_s)
-    run["server_cpu_pct"] = server.tree.cpu_pct_since(before, run["seconds"])
+    used = server.tree.cpu_by_role_since(before, serving_role)
+    run["server_cpu_pct"] = 100.0 * sum(used.values()) / run["seconds"] if run["seconds"] > 0 else None
+    answered = run["throughput"] * run["seconds"]
+    run["cpu_us_by_role"] = {role: seconds / answered * 1e6 for role, seconds in used.items()} if answered else {}
     return run
 
 
 def paired_rounds(servers: dict[str, Server], scripts: dict[str, dict[str, WrkScript]], concurrencies: list[int],
                   rounds: int, duration_s: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`rounds` rounds; in each, every (body, c) in shuffled order, both sides back to back. The side that goes
-    first alternates for each cell from round to round (and between neighbouring cells), so that over an even number
-    of rounds each side goes first equally often in every cell: the second trial of a pair may run on a machine the
-    first has warmed or left busy."""
+    """`rounds` rounds; in each, every (body, c) in shuffled order, every side back to back. The order rotates for
+    each cell from round to round (and between neighbouring cells), so that over a multiple of len(servers) rounds
+    each side goes first equally often in every cell: a later trial may run on a machine an earlier one has warmed
+    or left busy."""
     rng = random.Random(seed)
     cells = [(kind, c) for kind in BODIES for c in concurrencies]
     out = []
@@ -77,13 +95,16 @@ def paired_rounds(servers: dict[str, Server], scripts: dict[str, dict[str, WrkSc
         rng.shuffle(order)
         done: dict[str, Any] = {"round": number, "load_start": load(), "cells": []}
         for kind, c in order:
-            sides = SIDES if (number + cells.index((kind, c))) % 2 == 0 else SIDES[::-1]
-            cell: dict[str, Any] = {"kind": kind, "concurrency": c, "first": sides[0]}
+            names = list(servers)
+            shift = (number + cells.index((kind, c))) % len(names)
+            sides = names[shift:] + names[:shift]
+            cell: dict[str, Any] = {"kind": kind, "concurrency": c, "first": sides[0], "order": sides}
             for side in sides:
                 cell[side] = trial(servers[side], scripts[side][kind], c, duration_s)
             done["cells"].append(cell)
+            rates = " / ".join(f"{side} {cell[side]['throughput']:.0f}" for side in names)
             image, alone = cell["image"]["throughput"], cell["alone"]["throughput"]
-            log(f"  round {number} {kind} c={c} ({sides[0]} first): image {image:.0f} / alone {alone:.0f} req/s"
+            log(f"  round {number} {kind} c={c} ({sides[0]} first): {rates} req/s; image / alone"
                 f" = {fmt(image / alone if alone else None, 2)}")
         done["load_end"] = load()
         out.append(done)
@@ -105,16 +126,25 @@ def summarize_cells(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (kind, c), cells in sorted(by_cell.items(), key=lambda kv: (list(BODIES).index(kv[0][0]), kv[0][1])):
         rps = [x["image"]["throughput"] / x["alone"]["throughput"] for x in cells if x["alone"]["throughput"]]
         p99 = [x["image"]["p99_ms"] / x["alone"]["p99_ms"] for x in cells if x["alone"]["p99_ms"]]
+        extra = {}
+        for name, (top, bottom) in RATIOS.items():
+            if name != "rps_ratio" and all(top in x and bottom in x for x in cells):
+                values = [x[top]["throughput"] / x[bottom]["throughput"] for x in cells if x[bottom]["throughput"]]
+                extra[name] = {"median": median(values), "p25": percentile(values, 25),
+                               "p75": percentile(values, 75), "values": values}
+        sides = [side for side in SIDES if all(side in x for x in cells)]
+        cpu_us = {side: {role: median([x[side].get("cpu_us_by_role", {}).get(role, 0.0) for x in cells])
+                         for role in ROLES[side]} for side in sides}
         cpu = [a / b for x in cells if (a := _cpu_us(x["image"])) and (b := _cpu_us(x["alone"]))]
         row = {"kind": kind, "concurrency": c, "rounds": len(cells),
                "rps_ratio": {"median": median(rps), "p25": percentile(rps, 25), "p75": percentile(rps, 75),
                              "values": rps},
                "p99_ratio": {"median": median(p99), "values": p99},
                "cpu_ratio": {"median": median(cpu), "values": cpu},
+               **extra, "cpu_us": cpu_us,
                "rounds_at_target": sum(v >= TARGET_RPS_RATIO for v in rps),
-               "image_rps": median([x["image"]["throughput"] for x in cells]),
-               "alone_rps": median([x["alone"]["throughput"] for x in cells]),
-               "errors": sum(x[s]["errors"] for x in cells for s in SIDES)}
+               **{f"{side.replace('-', '_')}_rps": median([x[side]["throughput"] for x in cells]) for side in sides},
+               "errors": sum(x[s]["errors"] for x in cells for s in sides)}
         if c in TARGET_CONCURRENCY:  # wrk counts error answers as requests: a fast failing side is not a pass
             row["target_met"] = bool(rps and p99 and row["errors"] == 0
                                      and row["rps_ratio"]["median"] >= TARGET_RPS_RATIO
@@ -124,7 +154,7 @@ def summarize_cells(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    """Both servers up on one staged directory, checked, warmed, then the paired rounds."""
+    """The three servers up on one staged directory, checked, warmed, then the paired rounds."""
     artifacts = gallery_artifacts(name)
     mnt = stage(artifacts, root / name)
     bodies = request_bodies(artifacts)
@@ -132,7 +162,10 @@ def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -
     scripts: dict[str, dict[str, WrkScript]] = {}
     result: dict[str, Any] = {"artifacts": str(artifacts)}
     try:
-        servers["image"] = start_container(images, mnt, f"bench-gateway-ab-{name}-{secrets.token_hex(3)}")
+        tag = secrets.token_hex(3)
+        servers["image"] = start_container(images, mnt, f"bench-gateway-ab-{name}-{tag}")
+        servers["in-image"] = start_container_torchserve(images, listen_everywhere(mnt, root / name / "mnt-open"),
+                                                         f"bench-gateway-ab-{name}-{tag}-torchserve")
         servers["alone"] = start_host(mnt, root / name / "torchserve", front=None)
         result["warmup_rps"] = {}
         for side, server in servers.items():
@@ -140,7 +173,7 @@ def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -
             for kind, script in scripts[side].items():
                 check_answer(server, kind, bodies[kind][0])
                 result["warmup_rps"][f"{side} {kind}"] = warm_up(server, script)
-        log(f"{name}: both servers up and warm, load {load()}")
+        log(f"{name}: all servers up and warm, load {load()}")
         result["rounds"] = paired_rounds(servers, scripts, args.concurrency, args.rounds, args.duration)
         result["cells"] = summarize_cells(result["rounds"])
     except (LoadError, RuntimeError, OSError) as exc:
@@ -155,6 +188,11 @@ def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -
     return result
 
 
+def _ratio(row: dict[str, Any], name: str) -> str:
+    r = row.get(name)
+    return "n/a" if not r else f"{fmt(r['median'], 2)} ({fmt(r['p25'], 2)}-{fmt(r['p75'], 2)})"
+
+
 def markdown(results: dict[str, Any]) -> str:
     s = results["settings"]
     lines = [
@@ -162,36 +200,49 @@ def markdown(results: dict[str, Any]) -> str:
         f"Started {results['started']}, took {results['duration_s']:.0f} s. Command: `{results['command']}`", "",
         f"- Machine: {results['machine']['cpu_model']}, {results['machine']['logical_cores']} logical cores; load "
         f"average (1/5/15 min) {results['load_start']} at the start, {results['load_end']} at the end.",
-        f"- Image `{results['image']['ref']}` as the ServingRuntime runs it (nginx front, bearer key), and TorchServe "
-        "alone on the host with the same config.properties and /mnt/models directory (no front, no key), both up "
-        f"for the whole run. {s['rounds']} rounds; in each, every body and concurrency once per server, back to back, "
-        f"{s['duration_s']} s of wrk -t1 each, the side going first alternating. Ratio = image / alone within the "
-        "round; median and interquartile range over the rounds.",
+        f"- Image `{results['image']['ref']}`. Sides, all up for the whole run on the same /mnt/models directory: "
+        "**image** = the image as the ServingRuntime runs it (nginx front, bearer key); **in-image** = TorchServe "
+        "alone in the same image (no front, no key; bound to the container's addresses so a published port reaches "
+        "it); **alone** = TorchServe alone on the host (same config.properties, no front, no key). "
+        f"{s['rounds']} rounds; in each, every body and concurrency once per side, back to back, {s['duration_s']} s "
+        "of wrk -t1 each, the side going first rotating. Ratios are taken within the round; median and interquartile "
+        "range over the rounds.",
         f"- Target: the image >= {TARGET_RPS_RATIO:g}x the req/s of TorchServe alone at "
         f"c={' and c='.join(map(str, TARGET_CONCURRENCY))}, p99 <= {TARGET_P99_RATIO:g}x (medians of the paired "
-        "ratios).", "",
-        "| gallery | body | c | image req/s | alone req/s | req/s ratio, median (IQR) | rounds >= "
-        f"{TARGET_RPS_RATIO:g} | p99 ratio | CPU per request ratio | errors | target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "ratios image / alone). image / in-image is what the front costs; in-image / alone what the container "
+        "costs.", "",
+        "| gallery | body | c | image / in-image / alone req/s | image / alone, median (IQR) | rounds >= "
+        f"{TARGET_RPS_RATIO:g} | p99 ratio | CPU per request ratio | errors | target | image / in-image (front) | "
+        "in-image / alone (container) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    cpu_lines = ["", "CPU µs per answered request by process, medians over the rounds (frontend = TorchServe's "
+                 "Java process, workers = its two Python model workers, gateway = the image's Python process):", "",
+                 "| gallery | body | c | image: nginx / frontend / workers / gateway | in-image: frontend / workers | "
+                 "alone: frontend / workers |", "|---|---|---|---|---|---|"]
     for name, g in results["galleries"].items():
         if "error" in g:
-            lines.append(f"| {name} | error: {g['error'][:200]} | | | | | | | | | |")
+            lines.append(f"| {name} | error: {g['error'][:200]} | | | | | | | | | | |")
             continue
         for row in g["cells"]:
-            r = row["rps_ratio"]
             target = "" if "target_met" not in row else ("met" if row["target_met"] else "**missed**")
-            lines.append(f"| {name} | {row['kind']} | {row['concurrency']} | {fmt(row['image_rps'], 0)} | "
-                         f"{fmt(row['alone_rps'], 0)} | {fmt(r['median'], 2)} ({fmt(r['p25'], 2)}-{fmt(r['p75'], 2)}) "
+            rates = " / ".join(fmt(row.get(f"{side.replace('-', '_')}_rps"), 0) for side in SIDES)
+            lines.append(f"| {name} | {row['kind']} | {row['concurrency']} | {rates} | {_ratio(row, 'rps_ratio')} "
                          f"| {row['rounds_at_target']}/{row['rounds']} | {fmt(row['p99_ratio']['median'], 2)} | "
-                         f"{fmt(row['cpu_ratio']['median'], 2)} | {row['errors']} | {target} |")
-    return "\n".join(lines) + "\n"
+                         f"{fmt(row['cpu_ratio']['median'], 2)} | {row['errors']} | {target} | "
+                         f"{_ratio(row, 'front_ratio')} | {_ratio(row, 'container_ratio')} |")
+            cpu = row.get("cpu_us", {})
+            cells = [" / ".join(fmt(cpu[side].get(role), 0) for role in ROLES[side]) if side in cpu else "n/a"
+                     for side in SIDES]
+            cpu_lines.append(f"| {name} | {row['kind']} | {row['concurrency']} | {' | '.join(cells)} |")
+    return "\n".join(lines + cpu_lines) + "\n"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench gateway-ab", description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", default="16,64", help="comma-separated concurrencies (default 16,64)")
-    p.add_argument("--rounds", type=int, default=8, help="paired rounds (default 8)")
+    p.add_argument("--rounds", type=int, default=6,
+                   help="rounds (default 6; a multiple of 3 lets each side go first equally often)")
     p.add_argument("--duration", type=int, default=5, help="seconds per trial (default 5)")
     add_image_args(p)
     args = p.parse_args(argv)

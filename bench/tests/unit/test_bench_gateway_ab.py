@@ -85,4 +85,71 @@ def test_rounds_alternate_first_side_and_cover_every_cell(monkeypatch):
         "machine": {"cpu_model": "cpu", "logical_cores": 2}, "image": {"ref": "img"},
         "settings": {"rounds": 4, "duration_s": 1},
         "galleries": {"5k": {"cells": gateway_ab.summarize_cells(rounds)}}})
-    assert "| 5k | png | 16 | 950 | 1000 | 0.95 (0.95-0.95) | 4/4 | 1.00 |" in table
+    assert "| 5k | png | 16 | 950 / n/a / 1000 | 0.95 (0.95-0.95) | 4/4 | 1.00 |" in table
+
+
+def test_three_sides_rotate_so_each_goes_first_equally(monkeypatch):
+    calls = []
+
+    def fake_trial(server, script, concurrency, duration_s):
+        calls.append(server)
+        return run({"image": 900, "in-image": 950, "alone": 1000}[server], 20)
+
+    monkeypatch.setattr(gateway_ab, "trial", fake_trial)
+    monkeypatch.setattr(gateway_ab, "load", lambda: [0.0, 0.0, 0.0])
+    servers = {side: side for side in gateway_ab.SIDES}
+    scripts = {side: {kind: kind for kind in gateway_ab.BODIES} for side in servers}
+    rounds = gateway_ab.paired_rounds(servers, scripts, [16], rounds=6, duration_s=1)
+    for kind in gateway_ab.BODIES:
+        orders = [c["order"] for r in rounds for c in r["cells"] if c["kind"] == kind]
+        firsts = [o[0] for o in orders]
+        assert all(firsts.count(side) == 2 for side in gateway_ab.SIDES), firsts
+        for order in orders:  # a rotation of the three sides, each trial once
+            assert sorted(order) == sorted(gateway_ab.SIDES)
+            i = order.index("image")
+            assert order[i:] + order[:i] == list(gateway_ab.SIDES)
+    assert len(calls) == 6 * len(gateway_ab.BODIES) * 3
+    (row, _) = gateway_ab.summarize_cells(rounds)
+    assert row["rps_ratio"]["median"] == pytest.approx(0.9)
+    assert row["front_ratio"]["median"] == pytest.approx(900 / 950)
+    assert row["container_ratio"]["median"] == pytest.approx(0.95)
+    assert (row["image_rps"], row["in_image_rps"], row["alone_rps"]) == (900, 950, 1000)
+
+
+def test_cpu_by_process_role_is_reported_per_side():
+    def with_roles(rps, roles):
+        r = run(rps, 20)
+        r["cpu_us_by_role"] = roles
+        return r
+
+    rounds = [{"cells": [{"kind": "png", "concurrency": 16,
+                          "image": with_roles(900, {"nginx": 150 + i, "frontend": 600, "workers": 2000,
+                                                    "gateway": 1}),
+                          "in-image": with_roles(950, {"frontend": 550, "workers": 2000, "other": 0}),
+                          "alone": with_roles(1000, {"frontend": 450, "workers": 2100})}]} for i in range(3)]
+    (row,) = gateway_ab.summarize_cells(rounds)
+    assert row["cpu_us"]["image"] == {"nginx": 151, "frontend": 600, "workers": 2000, "gateway": 1}
+    assert row["cpu_us"]["alone"] == {"frontend": 450, "workers": 2100}
+    table = gateway_ab.markdown({
+        "started": "t", "duration_s": 1.0, "command": "cmd", "load_start": [0], "load_end": [0],
+        "machine": {"cpu_model": "cpu", "logical_cores": 2}, "image": {"ref": "img"},
+        "settings": {"rounds": 3, "duration_s": 1}, "galleries": {"5k": {"cells": [row]}}})
+    assert "| 5k | png | 16 | 151 / 600 / 2000 / 1 | 550 / 2000 | 450 / 2100 |" in table
+    assert "| 0.95 (0.95-0.95) | 0.95 (0.95-0.95) |" in table  # front and container ratios
+
+
+def test_trial_splits_cpu_per_request_by_role(monkeypatch):
+    class Tree:
+        def cpu_snapshot(self):
+            return {1: 0.0, 2: 0.0}
+
+        def cpu_by_role_since(self, before, role):
+            return {"nginx": 0.5, "frontend": 2.0}
+
+    class Server:
+        base, tree = "http://x", Tree()
+
+    monkeypatch.setattr(gateway_ab, "run_wrk", lambda *a: {"throughput": 500.0, "seconds": 10.0, "errors": 0})
+    out = gateway_ab.trial(Server(), None, 16, 10)
+    assert out["server_cpu_pct"] == pytest.approx(25.0)  # 2.5 CPU-seconds over 10 s
+    assert out["cpu_us_by_role"] == pytest.approx({"nginx": 100.0, "frontend": 400.0})  # over 5,000 requests
