@@ -229,7 +229,8 @@ def start_container(images: dict, mnt: Path, name: str, limits: dict[str, str] |
     return Server("container", base, key, ready, ProcessTree(pid), stop, {"run_command_s": run_s})
 
 
-#: Where the image keeps the project (its PYTHONPATH) and so the log configuration the runtime gives TorchServe.
+#: Where the image keeps the project (its PYTHONPATH; serving/Dockerfile copies it there), and so the log
+#: configuration the runtime gives TorchServe (settings.LOG_CONFIG_FILE inside the image).
 IMAGE_APP = "/opt/mnist-embedding"
 
 
@@ -240,7 +241,10 @@ def listen_everywhere(mnt: Path, out: Path) -> Path:
     config = out / "config" / "config.properties"
     text = config.read_text()
     for port in (INFERENCE_PORT, INFERENCE_PORT + 1):
-        text = text.replace(f"http://127.0.0.1:{port}", f"http://0.0.0.0:{port}")
+        loopback = f"http://127.0.0.1:{port}"
+        if loopback not in text:
+            raise RuntimeError(f"{config}: no {loopback} address to open; the staging changed")
+        text = text.replace(loopback, f"http://0.0.0.0:{port}")
     config.write_text(text)
     subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)
     return out
@@ -256,10 +260,11 @@ def start_container_torchserve(images: dict, mnt: Path, name: str) -> Server:
     cli_env = {**os.environ, "CONTAINERS_CONF": images.get("containers_conf") or ""}
     run = [*engine, "run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:{INFERENCE_PORT}",
            "-p", f"127.0.0.1:{management}:{INFERENCE_PORT + 1}", "-v", f"{mnt}:/mnt/models:ro",
-           # The runtime starts TorchServe without the image's code on PYTHONPATH (serving.torchserve_env).
-           *[a for k, v in {**environ, "PYTHONPATH": ""}.items() for a in ("-e", f"{k}={v}")],
+           *[a for k, v in environ.items() for a in ("-e", f"{k}={v}")],
            *(["--user", str(uid)] if uid is not None else []),
-           "--entrypoint", "torchserve", images["serving"]["ref"], "--foreground", "--ncs",
+           # The runtime starts TorchServe without PYTHONPATH (serving.torchserve_env drops the image's only entry);
+           # set but empty, TorchServe would still hand the workers an empty entry (their working directory).
+           "--entrypoint", "env", images["serving"]["ref"], "-u", "PYTHONPATH", "torchserve", "--foreground", "--ncs",
            "--model-store", "/mnt/models/model-store", "--ts-config", "/mnt/models/config/config.properties",
            "--log-config", f"{IMAGE_APP}/serving/log4j2.xml"]
     subprocess.run([*engine, "rm", "-f", name], capture_output=True, env=cli_env)

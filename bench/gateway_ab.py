@@ -8,7 +8,8 @@ Here three servers run side by side on the same staged /mnt/models directory:
 - ``in-image``: TorchServe alone in the same image, no front and no key (:func:`start_container_torchserve`);
 - ``alone``: TorchServe alone on the host (same config.properties, no front, no key).
 
-Each round runs every (body, concurrency) once on each server, back to back, the side going first rotating, and
+Each round runs every (body, concurrency) once on each server, back to back, in an order that changes from round to
+round (over 6 rounds every order of the three sides once), and
 the ratios are taken within the round: image / alone (the target), image / in-image (what the front costs) and
 in-image / alone (what the container costs). The report gives the medians of those paired ratios, their spread,
 and the servers' CPU per request split by process (nginx, TorchServe's Java frontend, its Python workers).
@@ -21,6 +22,7 @@ as for `bench container` (--build-args or $BUILD_IMAGES_ARGS). Writes gateway-ab
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import secrets
@@ -83,10 +85,11 @@ def trial(server: Server, script: WrkScript, concurrency: int, duration_s: int) 
 
 def paired_rounds(servers: dict[str, Server], scripts: dict[str, dict[str, WrkScript]], concurrencies: list[int],
                   rounds: int, duration_s: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`rounds` rounds; in each, every (body, c) in shuffled order, every side back to back. The order rotates for
-    each cell from round to round (and between neighbouring cells), so that over a multiple of len(servers) rounds
-    each side goes first equally often in every cell: a later trial may run on a machine an earlier one has warmed
-    or left busy."""
+    """`rounds` rounds; in each, every (body, c) in shuffled order, every side back to back. Each cell steps through
+    every order of the sides from round to round (starting at a different one for neighbouring cells), so that over
+    a multiple of len(servers)! rounds (2 sides: 2, 3 sides: 6) each side goes first equally often and follows each
+    other side equally often in every cell: a later trial may run on a machine an earlier one has warmed or left
+    busy."""
     rng = random.Random(seed)
     cells = [(kind, c) for kind in BODIES for c in concurrencies]
     out = []
@@ -95,14 +98,13 @@ def paired_rounds(servers: dict[str, Server], scripts: dict[str, dict[str, WrkSc
         rng.shuffle(order)
         done: dict[str, Any] = {"round": number, "load_start": load(), "cells": []}
         for kind, c in order:
-            names = list(servers)
-            shift = (number + cells.index((kind, c))) % len(names)
-            sides = names[shift:] + names[:shift]
+            orders = list(itertools.permutations(servers))
+            sides = list(orders[(number + cells.index((kind, c))) % len(orders)])
             cell: dict[str, Any] = {"kind": kind, "concurrency": c, "first": sides[0], "order": sides}
             for side in sides:
                 cell[side] = trial(servers[side], scripts[side][kind], c, duration_s)
             done["cells"].append(cell)
-            rates = " / ".join(f"{side} {cell[side]['throughput']:.0f}" for side in names)
+            rates = " / ".join(f"{side} {cell[side]['throughput']:.0f}" for side in servers)
             image, alone = cell["image"]["throughput"], cell["alone"]["throughput"]
             log(f"  round {number} {kind} c={c} ({sides[0]} first): {rates} req/s; image / alone"
                 f" = {fmt(image / alone if alone else None, 2)}")
@@ -200,12 +202,12 @@ def markdown(results: dict[str, Any]) -> str:
         f"Started {results['started']}, took {results['duration_s']:.0f} s. Command: `{results['command']}`", "",
         f"- Machine: {results['machine']['cpu_model']}, {results['machine']['logical_cores']} logical cores; load "
         f"average (1/5/15 min) {results['load_start']} at the start, {results['load_end']} at the end.",
-        f"- Image `{results['image']['ref']}`. Sides, all up for the whole run on the same /mnt/models directory: "
+        f"- Image `{results['image']['ref']}`. Sides, all up for the whole run on the same staged model: "
         "**image** = the image as the ServingRuntime runs it (nginx front, bearer key); **in-image** = TorchServe "
-        "alone in the same image (no front, no key; bound to the container's addresses so a published port reaches "
-        "it); **alone** = TorchServe alone on the host (same config.properties, no front, no key). "
+        "alone in the same image (no front, no key; a copy of /mnt/models whose config.properties binds the container's "
+        "addresses, so that a published port reaches it); **alone** = TorchServe alone on the host (same config.properties, no front, no key). "
         f"{s['rounds']} rounds; in each, every body and concurrency once per side, back to back, {s['duration_s']} s "
-        "of wrk -t1 each, the side going first rotating. Ratios are taken within the round; median and interquartile "
+        "of wrk -t1 each, in an order that changes from round to round (every order of the sides once in 6 rounds). Ratios are taken within the round; median and interquartile "
         "range over the rounds.",
         f"- Target: the image >= {TARGET_RPS_RATIO:g}x the req/s of TorchServe alone at "
         f"c={' and c='.join(map(str, TARGET_CONCURRENCY))}, p99 <= {TARGET_P99_RATIO:g}x (medians of the paired "
@@ -242,7 +244,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench gateway-ab", description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", default="16,64", help="comma-separated concurrencies (default 16,64)")
     p.add_argument("--rounds", type=int, default=6,
-                   help="rounds (default 6; a multiple of 3 lets each side go first equally often)")
+                   help="rounds (default 6: every order of the three sides once per cell)")
     p.add_argument("--duration", type=int, default=5, help="seconds per trial (default 5)")
     add_image_args(p)
     args = p.parse_args(argv)

@@ -44,7 +44,8 @@ class ProcessTree:
         return 100.0 * used / seconds if seconds > 0 else float("nan")
 
     def cpu_by_role_since(self, before: dict[int, float], role: Callable[[psutil.Process], str]) -> dict[str, float]:
-        """CPU seconds used since `before`, summed per `role` of the process (a process gone since is "gone")."""
+        """CPU seconds used since `before`, summed per `role` of the process. A process that exited since is not
+        counted (its CPU is lost with it); one that exits while it is labelled counts as "gone"."""
         after = self.cpu_snapshot()
         out: dict[str, float] = {}
         for pid, seconds in after.items():
