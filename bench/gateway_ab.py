@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import random
 import secrets
@@ -155,10 +156,29 @@ def summarize_cells(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def set_batch_delay(mnt: Path, delay_ms: int) -> None:
+    """Every model version's maxBatchDelay in the staged config.properties' model_snapshot (what TorchServe loads
+    the .mar with on all three sides), to try another batch delay without rebuilding the archive."""
+    config = mnt / "config" / "config.properties"
+    lines = config.read_text().splitlines()
+    prefix = "model_snapshot="
+    found = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+    if len(found) != 1:
+        raise RuntimeError(f"{config}: expected one model_snapshot line, found {len(found)}")
+    snapshot = json.loads(lines[found[0]][len(prefix):])
+    for versions in snapshot["models"].values():
+        for settings in versions.values():
+            settings["maxBatchDelay"] = delay_ms
+    lines[found[0]] = prefix + json.dumps(snapshot, separators=(",", ":"))
+    config.write_text("\n".join(lines) + "\n")
+
+
 def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """The three servers up on one staged directory, checked, warmed, then the paired rounds."""
     artifacts = gallery_artifacts(name)
     mnt = stage(artifacts, root / name)
+    if args.max_batch_delay is not None:
+        set_batch_delay(mnt, args.max_batch_delay)
     bodies = request_bodies(artifacts)
     servers: dict[str, Server] = {}
     scripts: dict[str, dict[str, WrkScript]] = {}
@@ -204,11 +224,14 @@ def markdown(results: dict[str, Any]) -> str:
         f"average (1/5/15 min) {results['load_start']} at the start, {results['load_end']} at the end.",
         f"- Image `{results['image']['ref']}`. Sides, all up for the whole run on the same staged model: "
         "**image** = the image as the ServingRuntime runs it (nginx front, bearer key); **in-image** = TorchServe "
-        "alone in the same image (no front, no key; a copy of /mnt/models whose config.properties binds the container's "
-        "addresses, so that a published port reaches it); **alone** = TorchServe alone on the host (same config.properties, no front, no key). "
+        "alone in the same image (no front, no key; a copy of /mnt/models whose config.properties binds the "
+        "container's addresses, so that a published port reaches it); **alone** = TorchServe alone on the host "
+        "(same config.properties, no front, no key). "
         f"{s['rounds']} rounds; in each, every body and concurrency once per side, back to back, {s['duration_s']} s "
-        "of wrk -t1 each, in an order that changes from round to round (every order of the sides once in 6 rounds). Ratios are taken within the round; median and interquartile "
-        "range over the rounds.",
+        "of wrk -t1 each, in an order that changes from round to round (every order of the sides once in 6 rounds). "
+        "Ratios are taken within the round; median and interquartile range over the rounds.",
+        *([f"- Every side served with maxBatchDelay {s['max_batch_delay_ms']} ms instead of the archive's."]
+          if s.get("max_batch_delay_ms") else []),
         f"- Target: the image >= {TARGET_RPS_RATIO:g}x the req/s of TorchServe alone at "
         f"c={' and c='.join(map(str, TARGET_CONCURRENCY))}, p99 <= {TARGET_P99_RATIO:g}x (medians of the paired "
         "ratios image / alone). image / in-image is what the front costs; in-image / alone what the container "
@@ -246,11 +269,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=6,
                    help="rounds (default 6: every order of the three sides once per cell)")
     p.add_argument("--duration", type=int, default=5, help="seconds per trial (default 5)")
+    p.add_argument("--max-batch-delay", type=int, default=None, metavar="MS",
+                   help="serve every side with this maxBatchDelay instead of the archive's (model-config.yaml)")
     add_image_args(p)
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.rounds < 1 or args.duration < 1:
         p.error("--rounds and --duration must be at least 1")
+    if args.max_batch_delay is not None and args.max_batch_delay < 1:
+        p.error("--max-batch-delay must be at least 1 (TorchServe takes 0 as unset)")
     return args
 
 
@@ -260,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.time()
     results = record_header(argv, NAME, {"rounds": args.rounds, "duration_s": args.duration,
-                                         "concurrency": args.concurrency, "build_args": args.build_args})
+                                         "concurrency": args.concurrency, "build_args": args.build_args,
+                                         "max_batch_delay_ms": args.max_batch_delay})
     log("building/checking the serving image")
     images = build_image(shlex.split(args.build_args))
     results["image"] = {k: images["serving"][k] for k in ("ref", "id", "size_bytes")}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -152,3 +153,21 @@ def test_trial_splits_cpu_per_request_by_role(monkeypatch):
     out = gateway_ab.trial(Server(), None, 16, 10)
     assert out["server_cpu_pct"] == pytest.approx(25.0)  # 2.5 CPU-seconds over 10 s
     assert out["cpu_us_by_role"] == pytest.approx({"nginx": 100.0, "frontend": 400.0})  # over 5,000 requests
+
+
+def test_batch_delay_is_set_for_every_model_version(tmp_path):
+    (tmp_path / "config").mkdir()
+    snapshot = {"name": "startup.cfg", "modelCount": 1,
+                "models": {"embedding": {"1.0": {"batchSize": 8, "maxBatchDelay": 1}}}}
+    config = tmp_path / "config" / "config.properties"
+    config.write_text(f"inference_address=http://127.0.0.1:8085\nmodel_snapshot={json.dumps(snapshot)}\n")
+    gateway_ab.set_batch_delay(tmp_path, 3)
+    lines = config.read_text().splitlines()
+    assert lines[0] == "inference_address=http://127.0.0.1:8085"
+    assert json.loads(lines[1].removeprefix("model_snapshot="))["models"]["embedding"]["1.0"] == {
+        "batchSize": 8, "maxBatchDelay": 3}
+    config.write_text("inference_address=http://127.0.0.1:8085\n")
+    with pytest.raises(RuntimeError, match="model_snapshot"):
+        gateway_ab.set_batch_delay(tmp_path, 3)
+    with pytest.raises(SystemExit):
+        gateway_ab.parse_args(["--max-batch-delay", "0"])
