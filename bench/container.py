@@ -185,29 +185,21 @@ def runtime_spec() -> tuple[list[str], dict[str, str], int | None]:
     return spec["command"] + spec["args"], environ, spec.get("securityContext", {}).get("runAsUser")
 
 
-def start_container(images: dict, mnt: Path, name: str, limits: dict[str, str] | None = None) -> Server:
-    """`podman run -d` as the ServingRuntime describes it; ready when /v2/health/ready answers 200.
-
-    `limits`: a Kubernetes `resources.limits` ({"cpu": "1", "memory": "2Gi"}), enforced as the kubelet would.
-    """
-    command, environ, uid = runtime_spec()
-    key = secrets.token_hex(16)
-    port = free_ports(1)[0]
+def _run_container(images: dict, name: str, options: list[str], command: list[str], ready: Callable[[], bool],
+                   what: str) -> tuple[float, float, int, Callable[[], None]]:
+    """`ENGINE run -d --name NAME OPTIONS IMAGE COMMAND` of the serving image, waited for until `ready`; returns
+    (seconds to ready, seconds of the run command, the container's host pid, a stop function). On failure its last
+    log lines are shown and it is removed."""
     engine = [images["engine"]]
     cli_env = {**os.environ, "CONTAINERS_CONF": images.get("containers_conf") or ""}
-    run = [*engine, "run", "-d", "--name", name, *engine_limit_args(limits or {}),
-           "-p", f"127.0.0.1:{port}:8080", "-v", f"{mnt}:/mnt/models:ro",
-           *[a for k, v in {**environ, API_KEY_ENV: key}.items() for a in ("-e", f"{k}={v}")],
-           *(["--user", str(uid)] if uid is not None else []),
-           "--entrypoint", command[0], images["serving"]["ref"], *command[1:]]
     subprocess.run([*engine, "rm", "-f", name], capture_output=True, env=cli_env)
 
     def stop() -> None:
         subprocess.run([*engine, "rm", "-f", "-t", str(STOP_TIMEOUT_S), name], capture_output=True, env=cli_env)
 
-    base = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
-    done = subprocess.run(run, capture_output=True, text=True, env=cli_env)
+    done = subprocess.run([*engine, "run", "-d", "--name", name, *options, images["serving"]["ref"], *command],
+                          capture_output=True, text=True, env=cli_env)
     if done.returncode != 0:
         raise RuntimeError(f"{images['engine']} run failed: {done.stderr.strip()[-300:]}")
     run_s = time.perf_counter() - started
@@ -218,7 +210,7 @@ def start_container(images: dict, mnt: Path, name: str, limits: dict[str, str] |
         return state == "true"
 
     try:
-        ready = wait_until(lambda: http_status(base + "/v2/health/ready") == 200, alive, started, "container")
+        ready_s = wait_until(ready, alive, started, what)
         pid = int(subprocess.run([*engine, "inspect", "-f", "{{.State.Pid}}", name], capture_output=True,
                                  text=True, env=cli_env, check=True).stdout.strip())
     except BaseException:
@@ -226,6 +218,27 @@ def start_container(images: dict, mnt: Path, name: str, limits: dict[str, str] |
         log("\n".join([ln for ln in (logs.stdout + logs.stderr).splitlines() if "ACCESS_LOG" not in ln][-40:]))
         stop()
         raise
+    return ready_s, run_s, pid, stop
+
+
+def _spec_options(environ: dict[str, str], uid: int | None) -> list[str]:
+    return [*[a for k, v in environ.items() for a in ("-e", f"{k}={v}")],
+            *(["--user", str(uid)] if uid is not None else [])]
+
+
+def start_container(images: dict, mnt: Path, name: str, limits: dict[str, str] | None = None) -> Server:
+    """`podman run -d` as the ServingRuntime describes it; ready when /v2/health/ready answers 200.
+
+    `limits`: a Kubernetes `resources.limits` ({"cpu": "1", "memory": "2Gi"}), enforced as the kubelet would.
+    """
+    command, environ, uid = runtime_spec()
+    key = secrets.token_hex(16)
+    port = free_ports(1)[0]
+    base = f"http://127.0.0.1:{port}"
+    options = [*engine_limit_args(limits or {}), "-p", f"127.0.0.1:{port}:8080", "-v", f"{mnt}:/mnt/models:ro",
+               *_spec_options({**environ, API_KEY_ENV: key}, uid), "--entrypoint", command[0]]
+    ready, run_s, pid, stop = _run_container(images, name, options, command[1:],
+                                             lambda: http_status(base + "/v2/health/ready") == 200, "container")
     return Server("container", base, key, ready, ProcessTree(pid), stop, {"run_command_s": run_s})
 
 
@@ -256,40 +269,14 @@ def start_container_torchserve(images: dict, mnt: Path, name: str) -> Server:
     :func:`listen_everywhere` copy. Separates what the front costs from what the container costs."""
     _, environ, uid = runtime_spec()
     port, management = free_ports(2)
-    engine = [images["engine"]]
-    cli_env = {**os.environ, "CONTAINERS_CONF": images.get("containers_conf") or ""}
-    run = [*engine, "run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:{INFERENCE_PORT}",
-           "-p", f"127.0.0.1:{management}:{INFERENCE_PORT + 1}", "-v", f"{mnt}:/mnt/models:ro",
-           *[a for k, v in environ.items() for a in ("-e", f"{k}={v}")],
-           *(["--user", str(uid)] if uid is not None else []),
-           # The runtime starts TorchServe without PYTHONPATH (serving.torchserve_env drops the image's only entry);
-           # set but empty, TorchServe would still hand the workers an empty entry (their working directory).
-           "--entrypoint", "env", images["serving"]["ref"], "-u", "PYTHONPATH", "torchserve", "--foreground", "--ncs",
-           "--model-store", "/mnt/models/model-store", "--ts-config", "/mnt/models/config/config.properties",
-           "--log-config", f"{IMAGE_APP}/serving/log4j2.xml"]
-    subprocess.run([*engine, "rm", "-f", name], capture_output=True, env=cli_env)
-
-    def stop() -> None:
-        subprocess.run([*engine, "rm", "-f", "-t", str(STOP_TIMEOUT_S), name], capture_output=True, env=cli_env)
-
-    started = time.perf_counter()
-    done = subprocess.run(run, capture_output=True, text=True, env=cli_env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{images['engine']} run failed: {done.stderr.strip()[-300:]}")
-
-    def alive() -> bool:
-        return subprocess.run([*engine, "inspect", "-f", "{{.State.Running}}", name], capture_output=True,
-                              text=True, env=cli_env).stdout.strip() == "true"
-
-    try:
-        ready = wait_until(lambda: torchserve_ready(management), alive, started, "TorchServe in the image")
-        pid = int(subprocess.run([*engine, "inspect", "-f", "{{.State.Pid}}", name], capture_output=True,
-                                 text=True, env=cli_env, check=True).stdout.strip())
-    except BaseException:
-        logs = subprocess.run([*engine, "logs", name], capture_output=True, text=True, env=cli_env)
-        log("\n".join((logs.stdout + logs.stderr).splitlines()[-40:]))
-        stop()
-        raise
+    options = ["-p", f"127.0.0.1:{port}:{INFERENCE_PORT}", "-p", f"127.0.0.1:{management}:{INFERENCE_PORT + 1}",
+               "-v", f"{mnt}:/mnt/models:ro", *_spec_options(environ, uid), "--entrypoint", "env"]
+    # The runtime starts TorchServe without PYTHONPATH (serving.torchserve_env drops the image's only entry); set
+    # but empty, TorchServe would still hand the workers an empty entry (their working directory).
+    command = ["-u", "PYTHONPATH", "torchserve", "--foreground", "--ncs", "--model-store", "/mnt/models/model-store",
+               "--ts-config", "/mnt/models/config/config.properties", "--log-config", f"{IMAGE_APP}/serving/log4j2.xml"]
+    ready, _, pid, stop = _run_container(images, name, options, command, lambda: torchserve_ready(management),
+                                         "TorchServe in the image")
     return Server("torchserve in the image", f"http://127.0.0.1:{port}", None, ready, ProcessTree(pid), stop)
 
 

@@ -127,24 +127,23 @@ def summarize_cells(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
             by_cell.setdefault((cell["kind"], cell["concurrency"]), []).append(cell)
     rows = []
     for (kind, c), cells in sorted(by_cell.items(), key=lambda kv: (list(BODIES).index(kv[0][0]), kv[0][1])):
-        rps = [x["image"]["throughput"] / x["alone"]["throughput"] for x in cells if x["alone"]["throughput"]]
         p99 = [x["image"]["p99_ms"] / x["alone"]["p99_ms"] for x in cells if x["alone"]["p99_ms"]]
-        extra = {}
+        ratios = {}
         for name, (top, bottom) in RATIOS.items():
-            if name != "rps_ratio" and all(top in x and bottom in x for x in cells):
+            if all(top in x and bottom in x for x in cells):
                 values = [x[top]["throughput"] / x[bottom]["throughput"] for x in cells if x[bottom]["throughput"]]
-                extra[name] = {"median": median(values), "p25": percentile(values, 25),
-                               "p75": percentile(values, 75), "values": values}
+                ratios[name] = {"median": median(values), "p25": percentile(values, 25),
+                                "p75": percentile(values, 75), "values": values}
+        rps = ratios["rps_ratio"]["values"]
         sides = [side for side in SIDES if all(side in x for x in cells)]
         cpu_us = {side: {role: median([x[side].get("cpu_us_by_role", {}).get(role, 0.0) for x in cells])
                          for role in ROLES[side]} for side in sides}
         cpu = [a / b for x in cells if (a := _cpu_us(x["image"])) and (b := _cpu_us(x["alone"]))]
         row = {"kind": kind, "concurrency": c, "rounds": len(cells),
-               "rps_ratio": {"median": median(rps), "p25": percentile(rps, 25), "p75": percentile(rps, 75),
-                             "values": rps},
+               **ratios,
                "p99_ratio": {"median": median(p99), "values": p99},
                "cpu_ratio": {"median": median(cpu), "values": cpu},
-               **extra, "cpu_us": cpu_us,
+               "cpu_us": cpu_us,
                "rounds_at_target": sum(v >= TARGET_RPS_RATIO for v in rps),
                **{f"{side.replace('-', '_')}_rps": median([x[side]["throughput"] for x in cells]) for side in sides},
                "errors": sum(x[s]["errors"] for x in cells for s in sides)}
