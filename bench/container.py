@@ -57,7 +57,7 @@ from .run import DEFAULT_CACHE
 from .data import FASHION_DIR, serving_data
 from .loadgen import LoadError, WrkScript, run_wrk
 from .procs import ProcessTree, stop_group
-from .series import aggregate, sweep
+from .series import aggregate, sweep, warm_until_steady
 from .stats import fmt, median, summarize
 
 MODEL, VERSION = MODEL_NAME, MODEL_VERSION
@@ -343,14 +343,9 @@ def check_answer(server: Server, kind: str, body: bytes) -> None:
         raise RuntimeError(f"{server.name}: unexpected v1 answer {str(answer)[:200]}")
 
 
-def warm_up(server: Server, script: WrkScript, window_s: int = 3, max_windows: int = 6) -> list[float]:
-    """c=16 in 3 s windows until two consecutive windows are within 5% (at most 6 windows)."""
-    rates: list[float] = []
-    while len(rates) < max_windows:
-        rates.append(run_wrk(server.base, script, 16, window_s)["throughput"])
-        if len(rates) >= 2 and abs(rates[-1] - rates[-2]) <= 0.05 * max(rates[-2], 1e-9):
-            break
-    return rates
+def warm_up(server: Server, script: WrkScript) -> list[float]:
+    """c=16 windows until the throughput settles (series.warm_until_steady); their req/s."""
+    return warm_until_steady(lambda seconds: run_wrk(server.base, script, 16, seconds)["throughput"])["rates"]
 
 
 def measure(server: Server, bodies: dict[str, list[bytes]], concurrencies: list[int],

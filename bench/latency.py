@@ -42,6 +42,7 @@ from settings import DEFAULT_ARTIFACTS, cache_root
 from . import env, output
 from .data import serving_data
 from .loadgen import WrkScript, run_wrk
+from .series import WARMUP_MAX_S, WARMUP_MIN_S, WARMUP_STEADY, WARMUP_WINDOW_S
 from .stats import summarize
 from .torchserve import TorchServeProbe, TorchServeRun, all_configurations, worker_role
 
@@ -288,10 +289,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,16", help="comma-separated concurrencies (default 1,16)")
     p.add_argument("--trials", type=int, default=5, help="rounds (default 5)")
     p.add_argument("--duration", type=int, default=4, help="seconds per trial (default 4)")
-    p.add_argument("--warmup-window", type=int, default=3)
-    p.add_argument("--warmup-min", type=float, default=15.0)
-    p.add_argument("--warmup-max", type=float, default=40.0)
-    p.add_argument("--steady", type=float, default=0.05, help="relative throughput change counted as steady")
+    p.add_argument("--warmup-window", type=int, default=WARMUP_WINDOW_S)
+    p.add_argument("--warmup-min", type=float, default=WARMUP_MIN_S)
+    p.add_argument("--warmup-max", type=float, default=WARMUP_MAX_S)
+    p.add_argument("--steady", type=float, default=WARMUP_STEADY, help="relative throughput change counted as steady")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--request-images", type=int, default=256)
     p.add_argument("--out", type=Path, default=Path("bench/results"))

@@ -241,6 +241,18 @@ def _gallery_target(results: dict) -> dict[str, Any]:
                    margin, f"cheapest swept settings meeting it: {tuned}")
 
 
+WARMUP_HEADER = "warm-up s (c=16 req/s per window)"
+
+
+def _warmup(entry: dict) -> str:
+    """How long a server was loaded before its figures (series.warm_until_steady), with each window's req/s."""
+    warm = entry.get("warmup")
+    if not warm:
+        return "-"
+    rates = ", ".join(f"{r:.0f}" for r in warm["rates"])
+    return f"{warm['seconds']:.0f} ({rates}){'' if warm['steady'] else ', not settled'}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -345,10 +357,12 @@ def markdown(results: dict) -> str:
     if ts:
         parts += ["", "## 2. TorchServe REST", "",
                   REST_NOTE, "",
-                  _table(["config", "workers x threads, batching", "index", "start to READY s", ".mar MB", "error"],
+                  _table(["config", "workers x threads, batching", "index", "start to READY s", ".mar MB",
+                          WARMUP_HEADER, "error"],
                          [[c["name"], c["label"], c["index"] or "as built",
                            f"{c['start_to_ready_s']:.2f}" if "start_to_ready_s" in c else "-",
-                           f"{c['mar_mb']:.1f}" if "mar_mb" in c else "-", c.get("error", "")] for c in ts]),
+                           f"{c['mar_mb']:.1f}" if "mar_mb" in c else "-", _warmup(c), c.get("error", "")]
+                          for c in ts]),
                   "", _table(LOAD_HEADER, [row for c in ts for row in _load_rows(c.get("runs", []), c["name"])]),
                   *_batched_section(results),
                   "", "### Latency split (mean ms per request)", "",
@@ -373,9 +387,9 @@ def markdown(results: dict) -> str:
     if peers:
         parts += ["", "## 4. Peers", "",
                   PEERS_NOTE, "",
-                  _table(["peer", "settings", "start to ready s", "error"],
-                         [[p["name"], p["label"], f"{p.get('start_to_ready_s', 0):.2f}", p.get("error", "")]
-                          for p in peers]), "",
+                  _table(["peer", "settings", "start to ready s", WARMUP_HEADER, "error"],
+                         [[p["name"], p["label"], f"{p.get('start_to_ready_s', 0):.2f}", _warmup(p),
+                           p.get("error", "")] for p in peers]), "",
                   _table(LOAD_HEADER, [row for p in peers for row in _load_rows(p.get("runs", []), p["name"])])]
         cores = _both_cores_rows(peers, (results.get("machine") or {}).get("logical_cores") or 2)
         if cores:

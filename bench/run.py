@@ -34,7 +34,7 @@ from .grpc_load import GrpcLoad, GrpcUnavailable
 from .loadgen import LoadError, WrkScript, run_wrk
 from .peers import PATH, PeerConfig, PeerTree, annotate_runs, launch, wait_ready
 from .procs import stop_group
-from .series import sweep
+from .series import sweep, warm_until_steady
 from .stats import summarize
 from .torchserve import TorchServeProbe, TorchServeRun, all_configurations, configurations, shipped_config
 
@@ -62,7 +62,8 @@ class Settings:
     request_images: int
     grpc_processes: int
     build_threads: int
-    warmup_s: int
+    #: Warm every server until its throughput settles (series.warm_until_steady) before its figures.
+    warm: bool
     peers: list[str]
     configs: list[str] | None = None
     sections: list[str] = field(default_factory=lambda: list(SECTIONS))
@@ -76,11 +77,11 @@ class Settings:
             return cls(quick=True, trials=1, duration_s=1, concurrencies=[1, 4], ceiling_batches=[1, 8],
                        ceiling_layouts=[(2, 1)], ceiling_duration_s=0.5, synthetic_size=5_000, gallery_queries=200,
                        latency_queries=20, latency_budget_s=0.2, request_images=32, grpc_processes=1, build_threads=2,
-                       warmup_s=0, peers=["fastapi", "litserve"], batched_concurrencies=[4])
+                       warm=False, peers=["fastapi", "litserve"], batched_concurrencies=[4])
         return cls(quick=False, trials=3, duration_s=3, concurrencies=[1, 4, 16, 64], ceiling_batches=[1, 8, 32, 128],
                    ceiling_layouts=[(2, 1), (1, 2)], ceiling_duration_s=2.0, synthetic_size=1_000_000,
                    gallery_queries=1000, latency_queries=200, latency_budget_s=1.5, request_images=256,
-                   grpc_processes=2, build_threads=2, warmup_s=2, peers=["litserve", "fastapi"])
+                   grpc_processes=2, build_threads=2, warm=True, peers=["litserve", "fastapi"])
 
 
 def log(line: str) -> None:
@@ -132,8 +133,9 @@ def measure_torchserve(settings: Settings, data: ServingData, ts: TorchServeRun,
     entry["memory_idle"] = ts.memory()
     script = WrkScript.create(ts.predict_path, data.images, ts.token())
     try:
-        if settings.warmup_s:
-            run_wrk(ts.rest_base, script, 16, settings.warmup_s)
+        if settings.warm:
+            entry["warmup"] = warm_until_steady(lambda s: run_wrk(ts.rest_base, script, 16, s)["throughput"])
+            log(f"  warm after {entry['warmup']['seconds']} s: {entry['warmup']['rates']} req/s at c=16")
         if needs_rest:
             entry["runs"] = sweep(lambda c: run_wrk(ts.rest_base, script, c, settings.duration_s),
                                   settings.concurrencies, settings.trials, ts.tree, TorchServeProbe(ts.instance),
@@ -178,8 +180,8 @@ def run_grpc(settings: Settings, data: ServingData, ts: TorchServeRun) -> dict:
     try:
         with GrpcLoad(ts.instance.endpoints.grpc_inference_port, ts.token(), ts.instance.model_name,
                       data.images, settings.grpc_processes) as load:
-            if settings.warmup_s:
-                load.run(16, settings.warmup_s)
+            if settings.warm:
+                result["warmup"] = warm_until_steady(lambda s: load.run(16, s)["throughput"])
             result["runs"] = sweep(lambda c: load.run(c, settings.duration_s), settings.concurrencies,
                                    settings.trials, ts.tree, TorchServeProbe(ts.instance), label="gRPC shipped", log=log)
         result["available"] = True
@@ -219,8 +221,8 @@ def measure_peer(settings: Settings, data: ServingData, cfg: PeerConfig, log_fil
         entry["memory_idle"] = tree.memory(tree.role)
         script = WrkScript.create(PATH, data.images, None)
         try:
-            if settings.warmup_s:
-                run_wrk(base, script, 16, settings.warmup_s)
+            if settings.warm:
+                entry["warmup"] = warm_until_steady(lambda s: run_wrk(base, script, 16, s)["throughput"])
             entry["runs"] = sweep(lambda c: run_wrk(base, script, c, settings.duration_s), settings.concurrencies,
                                   settings.trials, tree, None, label=cfg.name, log=log)
             annotate_runs(entry["runs"], tree.windows)

@@ -7,6 +7,7 @@ generator's and the server's CPU use during the same window.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -15,6 +16,14 @@ from .stats import summarize
 
 RunFn = Callable[[int], dict[str, Any]]
 Log = Callable[[str], None]
+
+#: Warm-up before any figure is taken: c=16 windows until two in a row agree within WARMUP_STEADY, and at least
+#: WARMUP_MIN_S. TorchServe's Java frontend needs 15-20 s of load before its throughput settles (it doubles on the
+#: way, while the JIT compiles), far more than a Python server.
+WARMUP_WINDOW_S = 3
+WARMUP_MIN_S = 15.0
+WARMUP_MAX_S = 40.0
+WARMUP_STEADY = 0.05
 
 METRICS = ("throughput", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "loadgen_cpu_pct", "server_cpu_pct")
 
@@ -61,3 +70,17 @@ def sweep(run: RunFn, concurrencies: Sequence[int], trials: int, tree: ProcessTr
             f"errors {row['errors']}  loadgen CPU {row['loadgen_cpu_pct']['median']:.0f}%  "
             f"server CPU {row['server_cpu_pct']['median'] or 0:.0f}%")
     return results
+
+
+def warm_until_steady(window: Callable[[int], float], window_s: int = WARMUP_WINDOW_S, min_s: float = WARMUP_MIN_S,
+                      max_s: float = WARMUP_MAX_S, steady: float = WARMUP_STEADY) -> dict[str, Any]:
+    """Call `window(window_s)` (one load window; it returns its req/s) until two windows in a row agree within
+    `steady` (relative) and `min_s` has passed, or `max_s` has: the rates, the seconds and whether it settled."""
+    rates: list[float] = []
+    started = time.monotonic()
+    while True:
+        rates.append(window(window_s))
+        elapsed = time.monotonic() - started
+        settled = len(rates) > 1 and rates[-2] > 0 and abs(rates[-1] / rates[-2] - 1) <= steady
+        if (settled and elapsed >= min_s) or elapsed >= max_s:
+            return {"rates": [round(r, 1) for r in rates], "seconds": round(elapsed, 1), "steady": settled}

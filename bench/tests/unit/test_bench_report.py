@@ -4,7 +4,7 @@ each target concurrency on its own."""
 
 from __future__ import annotations
 
-from bench.report import TARGET_RATIO, _load_rows, _peer_target, targets, unsaturated
+from bench.report import TARGET_RATIO, _load_rows, _peer_target, _warmup, targets, unsaturated
 
 
 def run(c: int, cpu: float, rps: float = 1000.0, p99: float = 20.0) -> dict:
@@ -44,3 +44,11 @@ def test_the_ceiling_share_is_judged_at_c16_and_c64_separately():
     only16 = dict(shipped, runs=shipped["runs"][:1])
     rows = {t["target"]: t for t in targets({"ceiling": ceiling, "torchserve": [only16]})}
     assert rows["REST throughput, shipped config, c=64"]["met"] is None  # not measured, not passed
+
+
+def test_the_warm_up_is_shown_with_each_window_and_whether_it_settled():
+    assert _warmup({}) == "-"
+    assert _warmup({"warmup": {"rates": [1041.2, 1886.0, 1920.4], "seconds": 9.1, "steady": True}}) == (
+        "9 (1041, 1886, 1920)")
+    assert _warmup({"warmup": {"rates": [900.0, 1500.0], "seconds": 40.2, "steady": False}}).endswith(
+        ", not settled")
