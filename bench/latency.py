@@ -8,7 +8,7 @@ from minute to minute, so this study does not measure one configuration after an
   and left idle while another one is measured;
 - each server is warmed at c=16 in windows of `--warmup-window` s until two consecutive windows agree
   within `--steady` (relative throughput) and at least `--warmup-min` s have passed, at most
-  `--warmup-max` s (the JVM needs far more than the main bench's 2 s); every window is recorded;
+  `--warmup-max` s (bench.series.warm_until_steady, as every benchmark warms); every window is recorded;
 - then `--trials` rounds: in each round, for each concurrency, every configuration runs once in a
   shuffled order (seeded), so each trial of a candidate sits next to a trial of the shipped and the
   no-batching configuration in time. Ratios are taken per round (paired) and their median reported;
@@ -42,7 +42,7 @@ from settings import DEFAULT_ARTIFACTS, cache_root
 from . import env, output
 from .data import serving_data
 from .loadgen import WrkScript, run_wrk
-from .series import WARMUP_MAX_S, WARMUP_MIN_S, WARMUP_STEADY, WARMUP_WINDOW_S
+from .series import WARMUP_MAX_S, WARMUP_MIN_S, WARMUP_STEADY, WARMUP_WINDOW_S, warm_until_steady
 from .stats import summarize
 from .torchserve import TorchServeProbe, TorchServeRun, all_configurations, worker_role
 
@@ -106,17 +106,16 @@ class Server:
         return result
 
     def warm(self, window_s: int, min_s: float, max_s: float, steady: float) -> dict[str, Any]:
-        """c=16 windows until two in a row agree within `steady` and `min_s` has passed (at most `max_s`)."""
+        """c=16 windows until the throughput settles (series.warm_until_steady), each window recorded with its CPU."""
         windows: list[dict[str, Any]] = []
-        started = time.monotonic()
-        while True:
-            t = self.trial(HIGH_C, window_s)
+
+        def window(seconds: int) -> float:
+            t = self.trial(HIGH_C, seconds)
             windows.append({k: t[k] for k in ("throughput", "p50_ms", "p99_ms", "errors")} | {"cpu": t["cpu"]})
-            elapsed = time.monotonic() - started
-            prev = windows[-2]["throughput"] if len(windows) > 1 else None
-            is_steady = bool(prev) and abs(t["throughput"] / prev - 1) <= steady
-            if (is_steady and elapsed >= min_s) or elapsed >= max_s:
-                return {"windows": windows, "seconds": round(elapsed, 1), "steady": is_steady}
+            return t["throughput"]
+
+        warm = warm_until_steady(window, window_s, min_s, max_s, steady)
+        return {"windows": windows, "seconds": warm["seconds"], "steady": warm["steady"]}
 
 
 def paired(trials: dict[str, dict[int, list[dict]]], name: str, base: str, c: int, key: str) -> dict:

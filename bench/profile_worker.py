@@ -31,6 +31,7 @@ from . import env, output
 from .data import serving_data
 from .latency import Server, uptime
 from .loadgen import exit_cpu_seconds
+from .series import WARMUP_MIN_S, WARMUP_STEADY, WARMUP_WINDOW_S
 from .torchserve import TorchServeRun, shipped_config, worker_role
 
 #: (stage, frames that must all be on the stack); a stage may have several rules. First match wins, so the handler's
@@ -254,7 +255,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--artifacts", type=Path, default=DEFAULT_ARTIFACTS, help="artifacts to serve (read only)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--seconds", type=int, default=12, help="length of the profiled run")
-    p.add_argument("--warmup-min", type=float, default=15.0, help="seconds of c=16 warm-up at least (the JVM's)")
+    p.add_argument("--warmup-min", type=float, default=WARMUP_MIN_S, help="seconds of c=16 warm-up at least (the JVM's)")
     p.add_argument("--request-images", type=int, default=256)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--baseline", type=Path, default=None,
@@ -279,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             with TorchServeRun(cfg, data.artifacts, Path(tmp)) as run:
                 server = Server(run, data.images)
                 try:
-                    result["warmup"] = server.warm(3, args.warmup_min, max(60.0, args.warmup_min), 0.05)
+                    result["warmup"] = server.warm(WARMUP_WINDOW_S, args.warmup_min, max(60.0, args.warmup_min),
+                                                   WARMUP_STEADY)
                     result["run"] = profile(server, args.concurrency, args.seconds, Path(tmp), spy)
                 finally:
                     server.script.remove()

@@ -88,6 +88,11 @@ def log(line: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
+def log_warmup(what: str, warm: dict[str, Any]) -> None:
+    settled = "warm" if warm["steady"] else "not settled"
+    log(f"  {what} {settled} after {warm['seconds']} s: {warm['rates']} req/s at c=16")
+
+
 def run_torchserve(settings: Settings, data: ServingData, root: Path) -> tuple[list[dict], dict | None, list[float]]:
     """REST sweep per configuration; gRPC sweep and start-to-READY cycles on the shipped one.
 
@@ -135,7 +140,7 @@ def measure_torchserve(settings: Settings, data: ServingData, ts: TorchServeRun,
     try:
         if settings.warm:
             entry["warmup"] = warm_until_steady(lambda s: run_wrk(ts.rest_base, script, 16, s)["throughput"])
-            log(f"  warm after {entry['warmup']['seconds']} s: {entry['warmup']['rates']} req/s at c=16")
+            log_warmup("REST", entry["warmup"])
         if needs_rest:
             entry["runs"] = sweep(lambda c: run_wrk(ts.rest_base, script, c, settings.duration_s),
                                   settings.concurrencies, settings.trials, ts.tree, TorchServeProbe(ts.instance),
@@ -182,6 +187,7 @@ def run_grpc(settings: Settings, data: ServingData, ts: TorchServeRun) -> dict:
                       data.images, settings.grpc_processes) as load:
             if settings.warm:
                 result["warmup"] = warm_until_steady(lambda s: load.run(16, s)["throughput"])
+                log_warmup("gRPC", result["warmup"])
             result["runs"] = sweep(lambda c: load.run(c, settings.duration_s), settings.concurrencies,
                                    settings.trials, ts.tree, TorchServeProbe(ts.instance), label="gRPC shipped", log=log)
         result["available"] = True
@@ -223,6 +229,7 @@ def measure_peer(settings: Settings, data: ServingData, cfg: PeerConfig, log_fil
         try:
             if settings.warm:
                 entry["warmup"] = warm_until_steady(lambda s: run_wrk(base, script, 16, s)["throughput"])
+                log_warmup(cfg.name, entry["warmup"])
             entry["runs"] = sweep(lambda c: run_wrk(base, script, c, settings.duration_s), settings.concurrencies,
                                   settings.trials, tree, None, label=cfg.name, log=log)
             annotate_runs(entry["runs"], tree.windows)

@@ -18,7 +18,7 @@ RunFn = Callable[[int], dict[str, Any]]
 Log = Callable[[str], None]
 
 #: Warm-up before any figure is taken: c=16 windows until two in a row agree within WARMUP_STEADY, and at least
-#: WARMUP_MIN_S. TorchServe's Java frontend needs 15-20 s of load before its throughput settles (it doubles on the
+#: WARMUP_MIN_S. TorchServe's Java frontend needs 15-30 s of load before its throughput settles (it doubles on the
 #: way, while the JIT compiles), far more than a Python server.
 WARMUP_WINDOW_S = 3
 WARMUP_MIN_S = 15.0
@@ -75,7 +75,10 @@ def sweep(run: RunFn, concurrencies: Sequence[int], trials: int, tree: ProcessTr
 def warm_until_steady(window: Callable[[int], float], window_s: int = WARMUP_WINDOW_S, min_s: float = WARMUP_MIN_S,
                       max_s: float = WARMUP_MAX_S, steady: float = WARMUP_STEADY) -> dict[str, Any]:
     """Call `window(window_s)` (one load window; it returns its req/s) until two windows in a row agree within
-    `steady` (relative) and `min_s` has passed, or `max_s` has: the rates, the seconds and whether it settled."""
+    `steady` (relative) and `min_s` has passed, or `max_s` has: the rates, the seconds and whether it settled.
+
+    The clock is read after each window, so a warm-up can end up to one window past `max_s`; a ramp slower than
+    `steady` per window counts as settled, which the minimum time is there to outlast."""
     rates: list[float] = []
     started = time.monotonic()
     while True:
