@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from settings import read_properties, write_properties
+
 from . import output
 from .container import (BODIES, TARGET_CONCURRENCY, TARGET_P99_RATIO, TARGET_RPS_RATIO, Server, add_image_args,
                         build_image, check_answer, gallery_artifacts, load, log, no_engine, record_header,
@@ -159,17 +161,15 @@ def set_batch_delay(mnt: Path, delay_ms: int) -> None:
     """Every model version's maxBatchDelay in the staged config.properties' model_snapshot (what TorchServe loads
     the .mar with on all three sides), to try another batch delay without rebuilding the archive."""
     config = mnt / "config" / "config.properties"
-    lines = config.read_text().splitlines()
-    prefix = "model_snapshot="
-    found = [i for i, line in enumerate(lines) if line.startswith(prefix)]
-    if len(found) != 1:
-        raise RuntimeError(f"{config}: expected one model_snapshot line, found {len(found)}")
-    snapshot = json.loads(lines[found[0]][len(prefix):])
+    props = read_properties(config)
+    if "model_snapshot" not in props:
+        raise RuntimeError(f"{config}: no model_snapshot line")
+    snapshot = json.loads(props["model_snapshot"])
     for versions in snapshot["models"].values():
         for settings in versions.values():
             settings["maxBatchDelay"] = delay_ms
-    lines[found[0]] = prefix + json.dumps(snapshot, separators=(",", ":"))
-    config.write_text("\n".join(lines) + "\n")
+    props["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
+    write_properties(props, config)
 
 
 def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -> dict[str, Any]:
