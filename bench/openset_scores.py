@@ -1,6 +1,7 @@
 """`python -m bench openset-scores`: other open-set scores than the shipped one, on the same model and sets.
 
-Usage: ``--artifacts DIR [--photo-n 1000] [--out bench/results/openset-scores]``.
+Usage: ``--artifacts DIR [--photo-n 1000] [--data-source SOURCE] [--photo-source SOURCE] [--reference SOURCE]
+[--out bench/results/openset-scores]``.
 
 Every score is fitted on the gallery only (the index's vectors, which must be the training split re-embedded) and
 thresholded like the shipped one: at the 99.5% quantile of its scores on the held-out digits
@@ -20,6 +21,12 @@ Sets: held-out digits; the uploads exam (training.uploads); Fashion-MNIST's 10,0
 (tests/support/photo_set.py, --photo-n evenly spaced held-out digits, seed 0); printed digits in DejaVu
 (training.printed, seed 12345, not training's draws) and in the unseen Liberation/FreeFont faces of
 tests/integration/test_product_quality.py. Blank inputs score +inf (always unknown), as served.
+``--reference SOURCE`` adds the held-out digits of another source (``download:mnist``: MNIST's 10,000 test digits,
+other writers than the training split's) and reports the share of them each threshold accepts.
+
+Each row also gives the trade-off between two targets that the threshold alone sets: the uploads flagged (and
+held-out digits accepted) at the threshold where the photo exam's unknown share just meets its target. If that
+share of uploads is under its target, no threshold on that score meets both.
 
 Writes openset-scores.md and openset-scores.summary.json into --out (raw/openset-scores.json: the same record).
 """
@@ -231,8 +238,18 @@ def all_scores(singles: Sequence[Single], combinations: Sequence[Combination], g
 
 # ---------------------------------------------------------------- evaluation at the operating point
 
-def evaluate(scores: dict[str, np.ndarray], sets: dict[str, EvalSet], photo_votes: np.ndarray) -> dict[str, Any]:
-    """One score's figures: threshold on the held-out digits, then the share flagged or accepted of every set."""
+def photo_target_cut(photo_scores: np.ndarray, n_asked: int, unknown_max: float) -> float:
+    """The lowest threshold at which at most ``unknown_max`` of the ``n_asked`` photo uploads score above it (the
+    refused ones count as asked, as in photo_unknown)."""
+    allowed = int(np.floor(unknown_max * n_asked + 1e-9))
+    ranked = np.sort(photo_scores)[::-1]
+    return float(ranked[allowed]) if allowed < len(ranked) else -np.inf
+
+
+def evaluate(scores: dict[str, np.ndarray], sets: dict[str, EvalSet], photo_votes: np.ndarray,
+             targets: dict[str, float] = TARGETS) -> dict[str, Any]:
+    """One score's figures: threshold on the held-out digits, then the share flagged or accepted of every set;
+    and at the photo exam's target cut (:func:`photo_target_cut`), the uploads flagged and digits accepted."""
     from training.evaluate import ACCEPT_QUANTILE, auroc, calibrate_threshold, cross_fitted_acceptance
 
     held = scores["heldout"]
@@ -240,7 +257,15 @@ def evaluate(scores: dict[str, np.ndarray], sets: dict[str, EvalSet], photo_vote
     flagged = {name: s > threshold for name, s in scores.items()}
     photo, categories = sets["photo"], sets["uploads"].categories
     n_photo = photo.n if photo.n is not None else len(photo.blank)
-    return {
+    cut = photo_target_cut(scores["photo"], n_photo, targets["photo_unknown_max"])
+    extra = {}
+    if "reference" in scores:
+        extra = {"reference_accepted": float(np.mean(~flagged["reference"])),
+                 "reference_accepted_at_photo_target": float(np.mean(scores["reference"] <= cut))}
+    return {**extra,
+        "photo_target_threshold": cut,
+        "uploads_flagged_at_photo_target": float(np.mean(scores["uploads"] > cut)),
+        "heldout_accepted_at_photo_target": float(np.mean(held <= cut)),
         "threshold": threshold,
         "heldout_accepted": float(np.mean(~flagged["heldout"])),
         "heldout_accepted_cross_fitted": cross_fitted_acceptance(held, ACCEPT_QUANTILE),
@@ -330,8 +355,13 @@ def _suite_generators() -> tuple[Callable[..., Any], Callable[..., Any]]:
 
 
 def load_sets(service: "EmbeddingService", artifacts: Path, photo_n: int,
-              log: Callable[[str], None] = print) -> tuple[EvalSet, dict[str, EvalSet], dict[str, Any]]:
-    """(gallery, evaluation sets, notes on them) of the artifacts' model, every vector checked by the replay."""
+              log: Callable[[str], None] = print, data_source: str | None = None, photo_source: str | None = None,
+              reference: str | None = None) -> tuple[EvalSet, dict[str, EvalSet], dict[str, Any]]:
+    """(gallery, evaluation sets, notes on them) of the artifacts' model, every vector checked by the replay.
+
+    ``data_source`` (default: the dataset the artifacts record) is the model's training data: gallery and held-out
+    digits; ``photo_source`` (default: the same) gives the photo exam its held-out digits; ``reference``, when
+    given, adds its held-out digits as the set "reference"."""
     from handler.search import gallery_vectors
     from training.data import load_dataset
     from training.evaluate import load_ood_set, model_inputs
@@ -344,9 +374,17 @@ def load_sets(service: "EmbeddingService", artifacts: Path, photo_n: int,
     from handler.artifacts import LABELS_FILE, MODEL_FILE
 
     replay = graph_replay(torch.jit.load(str(artifacts / MODEL_FILE), map_location="cpu").eval())
-    profile, source = service.profile, service.metadata["dataset"]["name"]
-    data = prepare_data(source)
-    notes: dict[str, Any] = {"data_source": source}
+    from training.data import DataError
+
+    profile, source = service.profile, data_source or service.metadata["dataset"]["name"]
+    try:
+        data = prepare_data(source)
+    except DataError as exc:
+        if data_source:
+            raise
+        raise ValueError(f"the artifacts record the dataset {source!r}, which is not a data source: pass "
+                         f"--data-source ({exc})") from None
+    notes: dict[str, Any] = {"data_source": source, "photo_source": photo_source or source, "reference": reference}
 
     def timed(name: str, make: Callable[[], EvalSet]) -> EvalSet:
         started = time.perf_counter()
@@ -386,8 +424,13 @@ def load_sets(service: "EmbeddingService", artifacts: Path, photo_n: int,
     sets["printed_unseen"] = timed("printed_unseen", lambda: features(service, replay, np.stack(prepared.tensors)))
     sets["printed_unseen"].labels = np.array([int(label) for _, label in unseen])
 
-    raw = load_dataset(source)
+    if reference:
+        ref = prepare_data(reference)
+        sets["reference"] = timed("reference", lambda: features(service, replay, profile.normalize(ref.test_images)))
+    raw = load_dataset(photo_source or source)
     pick = np.linspace(0, len(raw.test_images) - 1, photo_n).astype(int)
+    trained_on = {image.tobytes() for image in load_dataset(source).train_images}
+    notes["photo_digits_in_training"] = int(sum(raw.test_images[i].tobytes() in trained_on for i in pick))
     started = time.perf_counter()
     items = photo_exam(raw.test_images[pick], raw.test_labels[pick], seed=PHOTO_SEED)
     photos = service.prepare([item.body for item in items])
@@ -420,19 +463,26 @@ def bold(text: str, missed: bool) -> str:
 
 def table(rows: dict[str, dict[str, Any]], targets: dict[str, float] = TARGETS) -> list[str]:
     """The markdown table, figures that miss a target in bold."""
+    with_reference = any("reference_accepted" in r for r in rows.values())
     lines = ["| score | held-out accepted (cross-fitted) | uploads flagged (AUROC) | letters / UI glyphs / symbolic "
-             "icons | Fashion flagged (AUROC) | photo right / unknown | printed accepted: DejaVu / unseen fonts |",
-             "|---|---|---|---|---|---|---|"]
+             "icons | Fashion flagged (AUROC) | photo right / unknown | printed accepted: DejaVu / unseen fonts | "
+             "at the photo target: uploads flagged / held-out accepted |"
+             + (" reference accepted (at the photo target) |" if with_reference else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if with_reference else "")]
     for name, r in rows.items():
         miss, c = misses(r, targets), r["uploads_by_category"]
-        cf = r["heldout_accepted_cross_fitted"]
+        cf, at_photo = r["heldout_accepted_cross_fitted"], r["uploads_flagged_at_photo_target"]
         lines.append(
             f"| {name} | {_pct(r['heldout_accepted'])} ({_pct(cf) if cf is not None else '-'}) | "
             f"{bold(_pct(r['uploads_flagged']), miss['uploads'])} ({r['uploads_auroc']:.3f}) | "
             + " / ".join(_pct(c[k]) if k in c else "-" for k in ("letters", "ui-glyphs", "symbolic-icons"))
             + f" | {bold(_pct(r['fashion_flagged']), miss['fashion'])} ({r['fashion_auroc']:.3f}) | "
             f"{_pct(r['photo_right'])} / {bold(_pct(r['photo_unknown']), miss['photo'])} | "
-            f"{bold(_pct(r['printed_accepted']), miss['printed'])} / {_pct(r['printed_unseen_accepted'])} |")
+            f"{bold(_pct(r['printed_accepted']), miss['printed'])} / {_pct(r['printed_unseen_accepted'])} | "
+            f"{bold(_pct(at_photo), at_photo < targets['uploads_flagged_min'])}"
+            f" / {_pct(r['heldout_accepted_at_photo_target'])} |"
+            + (f" {_pct(r['reference_accepted'])} ({_pct(r['reference_accepted_at_photo_target'])}) |"
+               if "reference_accepted" in r else ""))
     return lines
 
 
@@ -456,7 +506,13 @@ def markdown(result: dict[str, Any]) -> str:
         f"Fashion-MNIST {sets['fashion']}, photo exam {result['photo_n']} held-out digits (seed {PHOTO_SEED}, "
         f"{result['photo_refused']} refused; photo right = vote correct and not flagged; vote alone "
         f"{_pct(result['vote_accuracy']['photo'])}%), printed DejaVu {sets['printed']} (seed {PRINTED_SEED}), "
-        f"printed unseen fonts {sets['printed_unseen']}. Figures in %; bold misses a target: uploads flagged >= "
+        f"printed unseen fonts {sets['printed_unseen']}"
+        + (f", reference digits {sets['reference']} (the held-out split of `{result['reference']}`)"
+           if result.get("reference") else "")
+        + f". Photo exam digits from `{result.get('photo_source', result['data_source'])}`'s held-out split, "
+        f"{result.get('photo_digits_in_training', 0)} of them also in the training split. "
+        "\"At the photo target\": the threshold at which the photo exam's unknown share just meets its target. "
+        "Figures in %; bold misses a target: uploads flagged >= "
         f"{_pct(t['uploads_flagged_min'])}, Fashion flagged >= {_pct(t['fashion_flagged_min'])}, photo unknown <= "
         f"{_pct(t['photo_unknown_max'])}, printed DejaVu accepted >= {_pct(t['printed_accepted_min'])}.", "",
         *table(result["rows"], t), "",
@@ -469,7 +525,9 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(artifacts: Path, photo_n: int, command: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(artifacts: Path, photo_n: int, command: str, log: Callable[[str], None] = print,
+        data_source: str | None = None, photo_source: str | None = None, reference: str | None = None
+        ) -> dict[str, Any]:
     """Load the model, build every set, score and evaluate: the result record."""
     from handler.service import EmbeddingService
 
@@ -477,7 +535,7 @@ def run(artifacts: Path, photo_n: int, command: str, log: Callable[[str], None] 
     service = EmbeddingService.from_dir(artifacts)
     if service.runtime != "torchscript":
         raise ValueError("the graph replay needs the TorchScript model")
-    gallery, sets, notes = load_sets(service, artifacts, photo_n, log)
+    gallery, sets, notes = load_sets(service, artifacts, photo_n, log, data_source, photo_source, reference)
     scores = all_scores(SINGLES, COMBINATIONS, gallery, sets)
     vote = {name: votes(service, sets[name].spaces["norm"]) for name in ("heldout", "photo", "printed",
                                                                            "printed_unseen")}
@@ -488,7 +546,9 @@ def run(artifacts: Path, photo_n: int, command: str, log: Callable[[str], None] 
         "command": command, "artifacts": str(artifacts), "model_sha256": meta.get("sha256", {}).get("model.pt"),
         "quantization": (meta["training"].get("quantization") or {}).get("scheme", "float"),
         "recorded_score": meta["open_set"]["score"], "recorded_threshold": meta["open_set"]["threshold"],
-        "data_source": notes["data_source"], "photo_n": photo_n, "photo_refused": notes["photo_refused"],
+        "data_source": notes["data_source"], "photo_source": notes["photo_source"], "reference": notes["reference"],
+        "photo_digits_in_training": notes["photo_digits_in_training"],
+        "photo_n": photo_n, "photo_refused": notes["photo_refused"],
         "sets": {"gallery": len(gallery.blank), **{name: len(s.blank) for name, s in sets.items()}},
         "uploads_blank": float(np.mean(sets["uploads"].blank)),
         "replay_max_difference": max(s.replay_error for s in (gallery, *sets.values())),
@@ -507,12 +567,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0].split(": ", 1)[-1])
     p.add_argument("--artifacts", type=Path, required=True, help="artifact directory (model.pt, index, metadata)")
     p.add_argument("--photo-n", type=int, default=1000, help="photo exam items (default 1000: about 10 minutes)")
+    p.add_argument("--data-source", help="the model's training data (default: the dataset the artifacts record)")
+    p.add_argument("--photo-source", help="whose held-out digits the photo exam draws (default: --data-source)")
+    p.add_argument("--reference", help="more held-out digits to report the acceptance of, e.g. download:mnist")
     p.add_argument("--out", type=Path, default=Path("bench/results/openset-scores"),
                    help=f"directory for {NAME}.md and {NAME}.summary.json (and raw/)")
     args = p.parse_args(argv)
     if args.photo_n < 1:
         p.error("--photo-n must be at least 1")
-    result = run(args.artifacts, args.photo_n, " ".join([PROG, *argv]))
+    from training.data import DataError
+
+    try:
+        result = run(args.artifacts, args.photo_n, " ".join([PROG, *argv]), data_source=args.data_source,
+                     photo_source=args.photo_source, reference=args.reference)
+    except (DataError, ValueError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
     args.out.mkdir(parents=True, exist_ok=True)
     report = markdown(output.as_json(result))
     output.write(args.out, NAME, result, report)

@@ -116,6 +116,22 @@ def test_the_threshold_accepts_the_quantile_of_held_out_digits_and_flags_far_set
                              "printed": row["printed_accepted"] < 0.99}
 
 
+def test_the_photo_target_cut_leaves_at_most_the_target_share_of_all_asked_above_it():
+    scores = np.arange(100, dtype=float)  # 100 scored of 110 asked: 2% of 110 -> 2 may be flagged
+    cut = o.photo_target_cut(scores, 110, 0.02)
+    assert cut == 97.0 and np.sum(scores > cut) == 2
+    assert o.photo_target_cut(scores, 100, 0.0) == 99.0 and o.photo_target_cut(scores[:1], 100, 0.02) == -np.inf
+    gallery, sets = synthetic_sets(np.random.default_rng(8))
+    sets["reference"] = sets["printed"]
+    single = o.Single("maha", "raw64", lambda g, y: o.fit_mahalanobis_shared(g, y, 0.01))
+    scores = o.all_scores([single], [], gallery, sets)["maha"]
+    row = o.evaluate(scores, sets, photo_votes=sets["photo"].labels)
+    assert np.sum(scores["photo"] > row["photo_target_threshold"]) <= 0.02 * 21
+    assert row["uploads_flagged_at_photo_target"] == np.mean(scores["uploads"] > row["photo_target_threshold"])
+    assert row["heldout_accepted_at_photo_target"] == np.mean(scores["heldout"] <= row["photo_target_threshold"])
+    assert row["reference_accepted"] == np.mean(scores["reference"] <= row["threshold"])
+
+
 def test_a_combination_z_scores_by_the_gallery_and_calibrates_on_the_held_out_digits():
     rng = np.random.default_rng(7)
     gallery, sets = synthetic_sets(rng)
@@ -176,7 +192,8 @@ def test_the_report_renders_from_the_summary_and_bolds_missed_targets():
            "uploads_flagged": 0.853, "uploads_auroc": 0.993,
            "uploads_by_category": {"letters": 0.667, "ui-glyphs": 0.72, "symbolic-icons": 0.74},
            "fashion_flagged": 0.97, "fashion_auroc": 0.998, "photo_right": 0.959, "photo_unknown": 0.023,
-           "printed_accepted": 0.99, "printed_unseen_accepted": 1.0}
+           "printed_accepted": 0.99, "printed_unseen_accepted": 1.0, "uploads_flagged_at_photo_target": 0.873,
+           "heldout_accepted_at_photo_target": 0.998}
     result = as_json({
         "command": "python -m bench openset-scores --artifacts A", "artifacts": "A", "model_sha256": "ab" * 32,
         "quantization": "int8", "recorded_score": "prototype_distance", "recorded_threshold": 0.9,
@@ -193,5 +210,12 @@ def test_the_report_renders_from_the_summary_and_bolds_missed_targets():
     assert report.startswith("# Open-set scores")
     line = next(text for text in report.splitlines() if text.startswith(f"| {o.SHIPPED}"))
     assert line == (f"| {o.SHIPPED} | 99.5 (99.3) | **85.3** (0.993) | 66.7 / 72.0 / 74.0 | 97.0 (0.998) | "
-                    "95.9 / **2.3** | 99.0 / 100.0 |")
+                    "95.9 / **2.3** | 99.0 / 100.0 | **87.3** / 99.8 |")
+    with_reference = as_json(dict(result, reference="download:mnist", sets=dict(result["sets"], reference=10000),
+                                  rows={o.SHIPPED: dict(row, reference_accepted=0.988,
+                                                        reference_accepted_at_photo_target=0.996)}))
+    report = o.markdown(with_reference)
+    assert "reference digits 10000 (the held-out split of `download:mnist`)" in report
+    assert next(text for text in report.splitlines() if text.startswith(f"| {o.SHIPPED}")).endswith(
+        "| **87.3** / 99.8 | 98.8 (99.6) |")
     assert "[1.0, 1.0, 1.0] at the start, [2.0, 2.0, 2.0] at the end" in report
