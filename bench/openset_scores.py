@@ -238,12 +238,15 @@ def all_scores(singles: Sequence[Single], combinations: Sequence[Combination], g
 
 # ---------------------------------------------------------------- evaluation at the operating point
 
-def photo_target_cut(photo_scores: np.ndarray, n_asked: int, unknown_max: float) -> float:
+def photo_target_cut(photo_scores: np.ndarray, n_asked: int, unknown_max: float) -> float | None:
     """The lowest threshold at which at most ``unknown_max`` of the ``n_asked`` photo uploads score above it (the
-    refused ones count as asked, as in photo_unknown)."""
+    refused ones count as asked, as in photo_unknown); None when none does: more blank photos (+inf, always unknown)
+    than the target allows."""
     allowed = int(np.floor(unknown_max * n_asked + 1e-9))
     ranked = np.sort(photo_scores)[::-1]
-    return float(ranked[allowed]) if allowed < len(ranked) else -np.inf
+    if allowed >= len(ranked):
+        return -np.inf
+    return float(ranked[allowed]) if np.isfinite(ranked[allowed]) else None
 
 
 def evaluate(scores: dict[str, np.ndarray], sets: dict[str, EvalSet], photo_votes: np.ndarray,
@@ -258,14 +261,18 @@ def evaluate(scores: dict[str, np.ndarray], sets: dict[str, EvalSet], photo_vote
     photo, categories = sets["photo"], sets["uploads"].categories
     n_photo = photo.n if photo.n is not None else len(photo.blank)
     cut = photo_target_cut(scores["photo"], n_photo, targets["photo_unknown_max"])
+    def at_cut(values: np.ndarray, accepted: bool) -> float | None:
+        return None if cut is None else float(np.mean(values <= cut if accepted else values > cut))
+
     extra = {}
     if "reference" in scores:
         extra = {"reference_accepted": float(np.mean(~flagged["reference"])),
-                 "reference_accepted_at_photo_target": float(np.mean(scores["reference"] <= cut))}
-    return {**extra,
+                 "reference_accepted_at_photo_target": at_cut(scores["reference"], accepted=True)}
+    return {
+        **extra,
         "photo_target_threshold": cut,
-        "uploads_flagged_at_photo_target": float(np.mean(scores["uploads"] > cut)),
-        "heldout_accepted_at_photo_target": float(np.mean(held <= cut)),
+        "uploads_flagged_at_photo_target": at_cut(scores["uploads"], accepted=False),
+        "heldout_accepted_at_photo_target": at_cut(held, accepted=True),
         "threshold": threshold,
         "heldout_accepted": float(np.mean(~flagged["heldout"])),
         "heldout_accepted_cross_fitted": cross_fitted_acceptance(held, ACCEPT_QUANTILE),
@@ -452,8 +459,8 @@ def votes(service: "EmbeddingService", vectors: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- report
 
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}"
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
 
 
 def bold(text: str, missed: bool) -> str:
@@ -479,7 +486,7 @@ def table(rows: dict[str, dict[str, Any]], targets: dict[str, float] = TARGETS) 
             + f" | {bold(_pct(r['fashion_flagged']), miss['fashion'])} ({r['fashion_auroc']:.3f}) | "
             f"{_pct(r['photo_right'])} / {bold(_pct(r['photo_unknown']), miss['photo'])} | "
             f"{bold(_pct(r['printed_accepted']), miss['printed'])} / {_pct(r['printed_unseen_accepted'])} | "
-            f"{bold(_pct(at_photo), at_photo < targets['uploads_flagged_min'])}"
+            f"{bold(_pct(at_photo), at_photo is None or at_photo < targets['uploads_flagged_min'])}"
             f" / {_pct(r['heldout_accepted_at_photo_target'])} |"
             + (f" {_pct(r['reference_accepted'])} ({_pct(r['reference_accepted_at_photo_target'])}) |"
                if "reference_accepted" in r else ""))

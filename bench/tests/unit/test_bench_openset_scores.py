@@ -121,15 +121,25 @@ def test_the_photo_target_cut_leaves_at_most_the_target_share_of_all_asked_above
     cut = o.photo_target_cut(scores, 110, 0.02)
     assert cut == 97.0 and np.sum(scores > cut) == 2
     assert o.photo_target_cut(scores, 100, 0.0) == 99.0 and o.photo_target_cut(scores[:1], 100, 0.02) == -np.inf
+    with_blanks = np.concatenate([scores, [np.inf] * 3])  # 3 always unknown, 2 allowed: no threshold meets it
+    assert o.photo_target_cut(with_blanks, 110, 0.02) is None
     gallery, sets = synthetic_sets(np.random.default_rng(8))
     sets["reference"] = sets["printed"]
+    sets["photo"] = o.EvalSet({k: np.concatenate([v] * 5) for k, v in sets["photo"].spaces.items()},
+                              np.zeros(100, bool), labels=np.concatenate([sets["photo"].labels] * 5), n=110)
     single = o.Single("maha", "raw64", lambda g, y: o.fit_mahalanobis_shared(g, y, 0.01))
     scores = o.all_scores([single], [], gallery, sets)["maha"]
     row = o.evaluate(scores, sets, photo_votes=sets["photo"].labels)
-    assert np.sum(scores["photo"] > row["photo_target_threshold"]) <= 0.02 * 21
-    assert row["uploads_flagged_at_photo_target"] == np.mean(scores["uploads"] > row["photo_target_threshold"])
-    assert row["heldout_accepted_at_photo_target"] == np.mean(scores["heldout"] <= row["photo_target_threshold"])
+    cut = row["photo_target_threshold"]
+    assert np.isfinite(cut) and np.sum(scores["photo"] > cut) <= 2 < np.sum(scores["photo"] >= cut) + 2
+    assert row["uploads_flagged_at_photo_target"] == np.mean(scores["uploads"] > cut)
+    assert row["heldout_accepted_at_photo_target"] == np.mean(scores["heldout"] <= cut)
     assert row["reference_accepted"] == np.mean(scores["reference"] <= row["threshold"])
+    assert row["reference_accepted_at_photo_target"] == np.mean(scores["reference"] <= cut)
+    sets["photo"].blank[:3] = True
+    row = o.evaluate(o.all_scores([single], [], gallery, sets)["maha"], sets, photo_votes=sets["photo"].labels)
+    assert row["photo_target_threshold"] is None and row["uploads_flagged_at_photo_target"] is None
+    assert o.table({"maha": row})[-1].endswith("| **-** / - | 100.0 (-) |")
 
 
 def test_a_combination_z_scores_by_the_gallery_and_calibrates_on_the_held_out_digits():
