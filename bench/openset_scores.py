@@ -432,11 +432,12 @@ def load_sets(service: "EmbeddingService", artifacts: Path, photo_n: int,
     sets["printed_unseen"].labels = np.array([int(label) for _, label in unseen])
 
     if reference:
-        ref = prepare_data(reference)
-        sets["reference"] = timed("reference", lambda: features(service, replay, profile.normalize(ref.test_images)))
-    raw = load_dataset(photo_source or source)
+        ref = profile.canvases_from_arrays(load_dataset(reference).test_images)  # its test split only
+        sets["reference"] = timed("reference", lambda: features(service, replay, profile.normalize(ref)))
+    trained = load_dataset(source)
+    raw = load_dataset(photo_source) if photo_source and photo_source != source else trained
     pick = np.linspace(0, len(raw.test_images) - 1, photo_n).astype(int)
-    trained_on = {image.tobytes() for image in load_dataset(source).train_images}
+    trained_on = {image.tobytes() for image in trained.train_images}
     notes["photo_digits_in_training"] = int(sum(raw.test_images[i].tobytes() in trained_on for i in pick))
     started = time.perf_counter()
     items = photo_exam(raw.test_images[pick], raw.test_labels[pick], seed=PHOTO_SEED)
