@@ -53,7 +53,7 @@ ENV PYTHONPATH=/opt/mnist-embedding \
 LABEL org.opencontainers.image.title="mnist-embedding-pipeline" \
       org.opencontainers.image.description="Kubeflow pipeline component image for the MNIST embedding model: training, FAISS gallery, TorchServe archive, KServe deployment (CPU torch by default)"
 
-COPY config.properties model-config.yaml settings.py /opt/mnist-embedding/
+COPY config.properties model-config.yaml settings.py cli_common.py owned_paths.py /opt/mnist-embedding/
 COPY training/ /opt/mnist-embedding/training/
 COPY handler/ /opt/mnist-embedding/handler/
 COPY serving/ /opt/mnist-embedding/serving/
