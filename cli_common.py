@@ -8,6 +8,7 @@ value, a missing or unusable path), 130 interrupted. python -m client adds its o
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from pathlib import Path
@@ -48,6 +49,29 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def,override]
+        self._share_options_with_subcommands()
+        return super().parse_known_args(args, namespace)
+
+    def _share_options_with_subcommands(self) -> None:
+        """An option of the command is also accepted after its subcommand (`serving start --config X`), where it
+        wins over the same option given before; each subcommand's own options of the same name stay its own."""
+        shared = [action for action in self._actions if action.option_strings
+                  and not isinstance(action, (argparse._HelpAction, argparse._VersionAction))]
+        for group in self._actions:
+            if not isinstance(group, argparse._SubParsersAction):
+                continue
+            for sub in {id(p): p for p in group.choices.values()}.values():
+                if getattr(sub, "_shared_options", False):
+                    continue
+                for action in shared:
+                    if not set(action.option_strings) & set(sub._option_string_actions):
+                        clone = copy.copy(action)
+                        clone.default = argparse.SUPPRESS
+                        clone.required = False
+                        sub._add_action(clone)
+                sub._shared_options = True  # type: ignore[attr-defined]
 
 
 def one_line(text: object) -> str:
