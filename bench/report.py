@@ -1,9 +1,8 @@
-"""results.json -> targets (met/missed, by how much, why), results.md tables and PNG plots."""
+"""results.json -> targets (met/missed, by how much, why) and the results.md tables."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from .peers import cpu_verdict
@@ -435,8 +434,6 @@ def markdown(results: dict) -> str:
         parts += ["", "## 7. Memory (RSS MB)", "",
                   "Idle = 1 s after READY; after load = after the last trial.", "",
                   _table(["server", "process", "idle", "after load"], mem)]
-    if results.get("plots"):
-        parts += ["", "## Plots", "", *(f"![{p}]({p})" for p in results["plots"])]
     return "\n".join(parts) + "\n"
 
 
@@ -481,136 +478,3 @@ def _side_by_side(results: dict) -> list[list[str]]:
         if run:
             rows += _load_rows([run], p["name"])
     return rows
-
-
-def _series(results: dict) -> list[tuple[str, list[dict], str]]:
-    out = [(f"REST {c['name']}", c.get("runs", []), "-") for c in results.get("torchserve", [])]
-    grpc = results.get("grpc") or {}
-    if grpc.get("runs"):
-        out.append(("gRPC shipped", grpc["runs"], "--"))
-    out += [(p["name"], p.get("runs", []), ":") for p in results.get("peers", [])]
-    return [s for s in out if s[1]]
-
-
-def plots(results: dict, out: Path) -> list[str]:
-    """Write the PNGs the data allows; returns their file names."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-
-    def save(fig: Any, name: str) -> None:
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=100)
-        plt.close(fig)
-        written.append(name)
-
-    series = _series(results)
-    best = ceiling_best(results)
-    for key, name, ylabel in (("throughput", "throughput.png", "requests/s"), ("p99_ms", "latency_p99.png", "p99 ms")):
-        if not series:
-            break
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for label, runs, style in series:
-            xs = [r["concurrency"] for r in runs]
-            mids = [mid(r[key]) for r in runs]
-            err = [[m - r[key]["min"] for m, r in zip(mids, runs)], [r[key]["max"] - m for m, r in zip(mids, runs)]]
-            ax.errorbar(xs, mids, yerr=err, linestyle=style, marker="o", capsize=3, label=label)
-        if key == "throughput" and best:
-            ceil = mid(best["images_per_s"])
-            ax.axhline(ceil, color="black", linestyle="--", linewidth=1, label=f"in-process ceiling {ceil:.0f}/s")
-            ax.axhline(TARGET_RATIO * ceil, color="grey", linestyle=":", linewidth=1, label=f"{TARGET_RATIO:.0%} of ceiling")
-        if key == "p99_ms":
-            ax.axhline(TARGET_P99_MS, color="grey", linestyle=":", linewidth=1, label=f"{TARGET_P99_MS:.0f} ms target")
-            ax.set_yscale("log")
-        ax.set_xscale("log", base=2)
-        ticks = sorted({r["concurrency"] for _, runs, _ in series for r in runs})
-        ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        save(fig, name)
-    split_rows = []
-    for label, runs, _ in series:
-        pick = _run_at(runs, TARGET_C) or (runs[-1] if runs else None)
-        if pick and pick.get("split_ms"):
-            split_rows.append((f"{label} c={pick['concurrency']}", pick["split_ms"]))
-    if split_rows:
-        fig, ax = plt.subplots(figsize=(8, 0.5 * len(split_rows) + 2.2))
-        seen: set[str] = set()
-        for i, (label, split) in enumerate(split_rows):
-            left = 0.0
-            stages = SPLIT_ORDER if median(split.get("frontend")) is not None else (
-                "outside_handler", "preprocess", "embed", "search")
-            for stage in stages:
-                width = max(0.0, median(split.get(stage)) or 0.0)
-                color = f"C{(*SPLIT_ORDER, 'outside_handler').index(stage)}"
-                ax.barh(i, width, left=left, color=color, label=stage if stage not in seen else None)
-                seen.add(stage)
-                left += width
-        ax.set_yticks(range(len(split_rows)), [label for label, _ in split_rows], fontsize=7)
-        ax.set_xlabel("mean ms per request")
-        ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35))
-        save(fig, "latency_split.png")
-    rows = (results.get("ceiling") or {}).get("rows") or []
-    if rows:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for layout in dict.fromkeys(r["layout"] for r in rows):
-            sel = [r for r in rows if r["layout"] == layout]
-            mids = [mid(r["images_per_s"]) for r in sel]
-            err = [[m - r["images_per_s"]["min"] for m, r in zip(mids, sel)],
-                   [r["images_per_s"]["max"] - m for m, r in zip(mids, sel)]]
-            ax.errorbar([r["batch"] for r in sel], mids, yerr=err, marker="o", capsize=3, label=layout)
-        ax.set_xscale("log", base=2)
-        batches = sorted({r["batch"] for r in rows})
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.set_xlabel("batch")
-        ax.set_ylabel("images/s")
-        ax.set_title("in-process ceiling")
-        ax.legend()
-        ax.grid(alpha=0.3)
-        save(fig, "ceiling.png")
-    gal = results.get("gallery")
-    if gal and gal.get("rows"):
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        for kind in dict.fromkeys(r["index"] for r in gal["rows"]):
-            sel = [r for r in gal["rows"] if r["index"] == kind]
-            ax1.plot([r["size"] for r in sel], [mid(r["latency_b1_ms"]) for r in sel], marker="o", label=kind)
-        ax1.axhline(gal["target"]["latency_b1_ms"], color="grey", linestyle=":", label="1 ms target")
-        ax1.set_xscale("log")
-        ax1.set_yscale("log")
-        ax1.set_xlabel("gallery size")
-        ax1.set_ylabel("ms per query (batch 1, 1 thread)")
-        ax1.legend()
-        ax1.grid(alpha=0.3)
-        for kind in dict.fromkeys(w["index"] for w in gal.get("sweeps", [])):
-            sel = [w for w in gal["sweeps"] if w["index"] == kind]
-            ax2.plot([mid(w["latency_b1_ms"]) for w in sel], [w["recall_at_1"] for w in sel], marker="o",
-                     label=f"{kind} ({sel[0]['param']})")
-            for w in sel:
-                ax2.annotate(str(w["value"]), (mid(w["latency_b1_ms"]), w["recall_at_1"]), fontsize=7)
-        ax2.axhline(gal["target"]["recall_at_1"], color="grey", linestyle=":")
-        ax2.axvline(gal["target"]["latency_b1_ms"], color="grey", linestyle=":")
-        ax2.set_xlabel("ms per query (batch 1)")
-        ax2.set_ylabel("recall@1 vs exact")
-        ax2.set_title(gal["sweeps"][0]["gallery"] if gal.get("sweeps") else "")
-        ax2.legend()
-        ax2.grid(alpha=0.3)
-        save(fig, "gallery.png")
-    mem = [(f"TorchServe {c['name']}", c) for c in results.get("torchserve", []) if c.get("memory_idle")]
-    mem += [(p["name"], p) for p in results.get("peers", []) if p.get("memory_idle")]
-    if mem:
-        fig, ax = plt.subplots(figsize=(8, 0.45 * len(mem) + 1.5))
-        for i, (label, entry) in enumerate(mem):
-            idle = sum(m["rss_mb"] for m in entry.get("memory_idle", []))
-            loaded = sum(m["rss_mb"] for m in entry.get("memory_loaded", []))
-            ax.barh(i + 0.2, idle, height=0.4, color="C0", label="idle" if i == 0 else None)
-            ax.barh(i - 0.2, loaded, height=0.4, color="C1", label="after load" if i == 0 else None)
-        ax.set_yticks(range(len(mem)), [label for label, _ in mem], fontsize=7)
-        ax.set_xlabel("RSS MB, all processes")
-        ax.legend()
-        save(fig, "memory.png")
-    return written

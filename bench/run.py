@@ -2,8 +2,8 @@
 peer servers, gallery search, batching configurations and cold start, side by side, in one run.
 
 Writes results.md (tables, targets met or missed), results.summary.json (every figure: median, min and max
-over trials), PNG plots and the full record raw/results.json into --out. The full run takes about 15 minutes on 2 cores (designed
-for at most 20) and should run on a quiet machine: the report records the load average before and
+over trials) and the full record raw/results.json into --out. The full run takes about 15 minutes on 2 cores
+(designed for at most 20) and should run on a quiet machine: the report records the load average before and
 after. The first full run on a machine also builds the 60k Fashion-MNIST artifacts (a few minutes,
 cached in --cache-dir, not part of any figure). --quick takes well under a minute and only checks
 that everything runs.
@@ -370,10 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     results["duration_s"] = round(time.time() - started, 1)
     results["load_average"] = {"start": load_start, "end": env.load_average()}
     results["targets"] = report.targets(results)
-    results["plots"] = report.plots(results, args.out)
     output.write(args.out, "results", results, report.markdown(results))
-    log(f"wrote {args.out}/results.md, results.summary.json, {len(results['plots'])} plots and "
-        f"{output.raw_path(args.out, 'results')} in {results['duration_s']:.0f} s")
+    log(f"wrote {args.out}/results.md, results.summary.json and {output.raw_path(args.out, 'results')} in "
+        f"{results['duration_s']:.0f} s")
     return 0
 
 

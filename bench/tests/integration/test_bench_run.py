@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from PIL import Image
-
 from bench import report
 from bench.output import raw_path
 from settings import REPO
@@ -21,8 +19,7 @@ from settings import REPO
 pytestmark = pytest.mark.serving
 
 TOP_KEYS = {"schema_version", "mode", "started", "finished", "duration_s", "machine", "versions", "settings",
-            "load_average", "data", "ceiling", "torchserve", "grpc", "peers", "cold_start", "gallery", "targets",
-            "plots"}
+            "load_average", "data", "ceiling", "torchserve", "grpc", "peers", "cold_start", "gallery", "targets"}
 SUMMARY_KEYS = {"median", "min", "max", "n", "values"}
 RUN_KEYS = {"concurrency", "throughput", "p50_ms", "p90_ms", "p99_ms", "errors", "loadgen_cpu_pct", "server_cpu_pct",
             "trials"}
@@ -81,12 +78,3 @@ def test_markdown_has_tables(quick_run):
     assert len(re.findall(r"^\|---(\|---)+\|$", text, flags=re.MULTILINE)) >= 6
     machine = json.loads(raw_path(quick_run, "results").read_text())["machine"]
     assert f"- Machine: {machine['cpu_model']}, {machine['logical_cores']} logical" in text
-
-
-def test_plots_open(quick_run):
-    results = json.loads(raw_path(quick_run, "results").read_text())
-    assert {"throughput.png", "latency_p99.png", "ceiling.png", "gallery.png", "memory.png"} <= set(results["plots"])
-    for name in results["plots"]:
-        with Image.open(quick_run / name) as image:
-            image.verify()
-        assert f"]({name})" in (quick_run / "results.md").read_text()
