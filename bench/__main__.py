@@ -2,8 +2,7 @@
 
 `python -m bench` with no subcommand, or with only the main benchmark's options (`python -m bench --quick`),
 runs the main benchmark, as `python -m bench run` does. Each subcommand is its module's `main(argv)`, imported
-only when chosen: `python -m bench gpu-check` loads nothing the GPU check does not need. The modules still run
-on their own as well (`python -m bench.soak` is `python -m bench soak`).
+only when chosen. The modules still run on their own as well (`python -m bench.soak` is `python -m bench soak`).
 """
 
 from __future__ import annotations
@@ -17,19 +16,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("bench.run", "the main benchmark: ceiling, TorchServe REST and gRPC, peer servers, cold start, gallery "
                          "(the default)"),
     "latency": ("bench.latency", "batch delay / size and worker count against the low-load latency target"),
-    "ab": ("bench.ab", "two artifact directories through the same `run` sections, interleaved rounds"),
     "container": ("bench.container", "the serving image against the same configuration outside a container"),
-    "gateway-ab": ("bench.gateway_ab", "the serving image and TorchServe alone side by side, paired short trials"),
-    "limits": ("bench.limits", "the serving image under the CPU and memory limits a cluster would set"),
     "soak": ("bench.soak", "a long steady load: errors, latency and RSS growth per window"),
-    "profile-worker": ("bench.profile_worker", "where a TorchServe worker's time goes under load (py-spy)"),
-    "preprocess": ("bench.preprocess", "preprocessing time per image, frozen version 1 against today's"),
-    "runtimes": ("bench.runtimes", "the forward pass in each runtime (TorchScript, ONNX Runtime, int8)"),
-    "fewshot": ("bench.fewshot", "few-shot enrollment: accuracy on new classes from a handful of images"),
-    "openset-scores": ("bench.openset_scores", "other open-set scores (kNN, Mahalanobis, combinations) on one model"),
     "client-batch": ("bench.client_batch", "images/s of python -m client predict over a folder, by --batch-size"),
-    "queue": ("bench.queue", "requests/s and latency through the RabbitMQ bridge against direct REST"),
-    "gpu-check": ("bench.gpu_check", "the service on CUDA, checked against the CPU's answers and timed"),
 }
 DEFAULT = "run"
 
@@ -44,7 +33,7 @@ def usage() -> str:
 
 
 def resolve(argv: list[str]) -> tuple[str, list[str]]:
-    """(subcommand, its arguments). An underscore spelling (profile_worker) names the same subcommand."""
+    """(subcommand, its arguments). An underscore spelling (client_batch) names the same subcommand."""
     if not argv or argv[0].startswith("-"):
         return DEFAULT, argv
     name = argv[0].replace("_", "-")

@@ -4,9 +4,7 @@ Into --out: NAME.md (the report) and NAME.summary.json (every figure the report 
 count of each one, with the settings, machine, command and dates). Into --out/raw/: NAME.json, the full record
 with the per-trial and per-request dumps and the values behind each median. bench/results/raw/ is not committed
 (.gitignore); the report is written from the full record, and the summary alone renders the same report (the
-bench tests check it).
-
-Standard library only: bench.gpu_check writes through here on a bare GPU machine.
+bench tests check it). Standard library only.
 """
 
 from __future__ import annotations

@@ -22,6 +22,6 @@ def test_the_bench_package_builds_a_wheel_with_every_module(tmp_path):
         names = set(archive.namelist())
         entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     modules = {f"bench/{p.name}" for p in (REPO / "bench").glob("*.py")}
-    assert modules | {"bench/gpu_check.sh"} <= names
+    assert modules <= names
     assert not any(n.startswith(("bench/tests", "bench/results")) for n in names)
     assert "mnist-bench = bench.__main__:main" in entry_points

@@ -35,9 +35,9 @@ def test_every_module_with_a_main_is_a_subcommand():
     ([], ("run", [])),
     (["--quick", "--out", "x"], ("run", ["--quick", "--out", "x"])),
     (["run", "--quick"], ("run", ["--quick"])),
-    (["gpu-check", "--device", "cpu"], ("gpu-check", ["--device", "cpu"])),
-    (["gpu_check"], ("gpu-check", [])),
-    (["profile_worker", "--seconds", "3"], ("profile-worker", ["--seconds", "3"])),
+    (["client-batch", "--images", "8"], ("client-batch", ["--images", "8"])),
+    (["client_batch"], ("client-batch", [])),
+    (["soak", "--duration-s", "3"], ("soak", ["--duration-s", "3"])),
 ])
 def test_arguments_go_to_the_subcommand_they_name_or_to_run(argv, expected):
     assert cli.resolve(argv) == expected

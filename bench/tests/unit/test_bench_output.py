@@ -7,15 +7,13 @@ import subprocess
 
 import pytest
 
-from bench import ab, container, fewshot, latency, output, preprocess, profile_worker, report, runtimes
+from bench import client_batch, container, latency, output, report
 from settings import REPO
 
 RESULTS = REPO / "bench" / "results"
-#: Each committed report's renderer: the summary beside it must be enough to render it.
-RENDERERS = {"results": report.markdown, "container": container.markdown, "fewshot": fewshot.markdown,
-             "fewshot-fashion": fewshot.markdown,
-             "latency": latency.markdown, "latency-confirm": latency.markdown, "preprocess": preprocess.markdown,
-             "runtimes": runtimes.markdown, "ab-int8": ab.markdown, "worker-profile": profile_worker.render}
+#: The committed reference report of each benchmark and its renderer: the summary beside it renders it exactly.
+RENDERERS = {"shipped-digits/results": report.markdown, "latency": latency.markdown,
+             "container": container.markdown, "client-batch": client_batch.markdown}
 
 
 def test_compact_drops_raw_records_and_the_values_behind_medians_only():
@@ -68,5 +66,9 @@ def test_only_summaries_are_committed_and_raw_is_ignored():
 def test_each_committed_summary_has_no_raw_records_and_renders_its_report(name):
     summary = json.loads(output.summary_path(RESULTS, name).read_text())
     assert output.compact(summary) == summary
-    assert RENDERERS[name](summary).startswith("#")
-    assert (RESULTS / f"{name}.md").is_file()
+    assert RENDERERS[name](summary) == (RESULTS / f"{name}.md").read_text()
+
+
+@pytest.mark.skipif(not (REPO / ".git").exists(), reason="not a git checkout")
+def test_only_the_reference_reports_are_committed():
+    assert sorted(committed("*.md")) == sorted(f"bench/results/{name}.md" for name in RENDERERS)
