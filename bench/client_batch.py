@@ -82,19 +82,6 @@ def v1_script(path: str, bodies: Sequence[bytes], token: str | None) -> Any:
     return WrkScript.create(path, bodies, token, content_type="application/json")
 
 
-def batched_load(base_url: str, path: str, token: str | None, images: Sequence[bytes], batch: int, concurrency: int,
-                 duration_s: int) -> dict[str, Any]:
-    """One wrk run of v1 bodies of `batch` images: its figures (req/s as ``throughput``) plus ``images_per_s``."""
-    from .loadgen import run_wrk
-
-    script = v1_script(path, v1_bodies(images, batch), token)
-    try:
-        result = run_wrk(base_url, script, concurrency, duration_s, timeout_s=60)
-    finally:
-        script.remove()
-    return {**result, "batch": batch, "images_per_s": result["throughput"] * batch}
-
-
 def preencoded_run(url: str, token: str, bodies: Sequence[bytes], concurrency: int) -> dict[str, Any]:
     """Post every body once (v1, already encoded), `concurrency` at a time from threads with their own keep-alive
     connection: what the server does with the client's requests when sending them costs next to nothing. Seconds,

@@ -47,7 +47,6 @@ import yaml
 
 from client import ClientError, ManagementClient
 from pipeline.kserve_deploy import API_KEY_ENV, INFERENCE_PORT, METRICS_PORT, TORCHSERVE_METRICS_PORT, stage_layout
-from pipeline.manifests import engine_limit_args
 from serving.archive import build_mar
 from settings import DEFAULT_ARTIFACTS, MODEL_NAME, MODEL_VERSION, REPO
 from serving.server import free_ports
@@ -185,11 +184,16 @@ def runtime_spec() -> tuple[list[str], dict[str, str], int | None]:
     return spec["command"] + spec["args"], environ, spec.get("securityContext", {}).get("runAsUser")
 
 
-def _run_container(images: dict, name: str, options: list[str], command: list[str], ready: Callable[[], bool],
-                   what: str) -> tuple[float, float, int, Callable[[], None]]:
-    """`ENGINE run -d --name NAME OPTIONS IMAGE COMMAND` of the serving image, waited for until `ready`; returns
-    (seconds to ready, seconds of the run command, the container's host pid, a stop function). On failure its last
-    log lines are shown and it is removed."""
+def start_container(images: dict, mnt: Path, name: str) -> Server:
+    """`podman run -d` as the ServingRuntime describes it; ready when /v2/health/ready answers 200. On failure its
+    last log lines are shown and the container is removed."""
+    command, environ, uid = runtime_spec()
+    key = secrets.token_hex(16)
+    port = free_ports(1)[0]
+    base = f"http://127.0.0.1:{port}"
+    options = ["-p", f"127.0.0.1:{port}:8080", "-v", f"{mnt}:/mnt/models:ro",
+               *[a for k, v in {**environ, API_KEY_ENV: key}.items() for a in ("-e", f"{k}={v}")],
+               *(["--user", str(uid)] if uid is not None else []), "--entrypoint", command[0]]
     engine = [images["engine"]]
     cli_env = {**os.environ, "CONTAINERS_CONF": images.get("containers_conf") or ""}
     subprocess.run([*engine, "rm", "-f", name], capture_output=True, env=cli_env)
@@ -198,7 +202,7 @@ def _run_container(images: dict, name: str, options: list[str], command: list[st
         subprocess.run([*engine, "rm", "-f", "-t", str(STOP_TIMEOUT_S), name], capture_output=True, env=cli_env)
 
     started = time.perf_counter()
-    done = subprocess.run([*engine, "run", "-d", "--name", name, *options, images["serving"]["ref"], *command],
+    done = subprocess.run([*engine, "run", "-d", "--name", name, *options, images["serving"]["ref"], *command[1:]],
                           capture_output=True, text=True, env=cli_env)
     if done.returncode != 0:
         raise RuntimeError(f"{images['engine']} run failed: {done.stderr.strip()[-300:]}")
@@ -210,7 +214,7 @@ def _run_container(images: dict, name: str, options: list[str], command: list[st
         return state == "true"
 
     try:
-        ready_s = wait_until(ready, alive, started, what)
+        ready = wait_until(lambda: http_status(base + "/v2/health/ready") == 200, alive, started, "container")
         pid = int(subprocess.run([*engine, "inspect", "-f", "{{.State.Pid}}", name], capture_output=True,
                                  text=True, env=cli_env, check=True).stdout.strip())
     except BaseException:
@@ -218,66 +222,7 @@ def _run_container(images: dict, name: str, options: list[str], command: list[st
         log("\n".join([ln for ln in (logs.stdout + logs.stderr).splitlines() if "ACCESS_LOG" not in ln][-40:]))
         stop()
         raise
-    return ready_s, run_s, pid, stop
-
-
-def _spec_options(environ: dict[str, str], uid: int | None) -> list[str]:
-    return [*[a for k, v in environ.items() for a in ("-e", f"{k}={v}")],
-            *(["--user", str(uid)] if uid is not None else [])]
-
-
-def start_container(images: dict, mnt: Path, name: str, limits: dict[str, str] | None = None) -> Server:
-    """`podman run -d` as the ServingRuntime describes it; ready when /v2/health/ready answers 200.
-
-    `limits`: a Kubernetes `resources.limits` ({"cpu": "1", "memory": "2Gi"}), enforced as the kubelet would.
-    """
-    command, environ, uid = runtime_spec()
-    key = secrets.token_hex(16)
-    port = free_ports(1)[0]
-    base = f"http://127.0.0.1:{port}"
-    options = [*engine_limit_args(limits or {}), "-p", f"127.0.0.1:{port}:8080", "-v", f"{mnt}:/mnt/models:ro",
-               *_spec_options({**environ, API_KEY_ENV: key}, uid), "--entrypoint", command[0]]
-    ready, run_s, pid, stop = _run_container(images, name, options, command[1:],
-                                             lambda: http_status(base + "/v2/health/ready") == 200, "container")
     return Server("container", base, key, ready, ProcessTree(pid), stop, {"run_command_s": run_s})
-
-
-#: Where the image keeps the project (its PYTHONPATH; serving/Dockerfile copies it there), and so the log
-#: configuration the runtime gives TorchServe (settings.LOG_CONFIG_FILE inside the image).
-IMAGE_APP = "/opt/mnist-embedding"
-
-
-def listen_everywhere(mnt: Path, out: Path) -> Path:
-    """A copy of the staged /mnt/models whose TorchServe listens on all of the container's addresses, so that a
-    published port reaches it; nothing else in config.properties changes."""
-    shutil.copytree(mnt, out, symlinks=True)
-    config = out / "config" / "config.properties"
-    text = config.read_text()
-    for port in (INFERENCE_PORT, INFERENCE_PORT + 1):
-        loopback = f"http://127.0.0.1:{port}"
-        if loopback not in text:
-            raise RuntimeError(f"{config}: no {loopback} address to open; the staging changed")
-        text = text.replace(loopback, f"http://0.0.0.0:{port}")
-    config.write_text(text)
-    subprocess.run(["chmod", "-R", "a+rX", str(out)], check=True)
-    return out
-
-
-def start_container_torchserve(images: dict, mnt: Path, name: str) -> Server:
-    """TorchServe alone in the serving image: what the ServingRuntime's container runs, without the front and the
-    gateway (same user, environment, /mnt/models and log configuration as the runtime gives it). `mnt` must be a
-    :func:`listen_everywhere` copy. Separates what the front costs from what the container costs."""
-    _, environ, uid = runtime_spec()
-    port, management = free_ports(2)
-    options = ["-p", f"127.0.0.1:{port}:{INFERENCE_PORT}", "-p", f"127.0.0.1:{management}:{INFERENCE_PORT + 1}",
-               "-v", f"{mnt}:/mnt/models:ro", *_spec_options(environ, uid), "--entrypoint", "env"]
-    # The runtime starts TorchServe without PYTHONPATH (serving.torchserve_env drops the image's only entry); set
-    # but empty, TorchServe would still hand the workers an empty entry (their working directory).
-    command = ["-u", "PYTHONPATH", "torchserve", "--foreground", "--ncs", "--model-store", "/mnt/models/model-store",
-               "--ts-config", "/mnt/models/config/config.properties", "--log-config", f"{IMAGE_APP}/serving/log4j2.xml"]
-    ready, _, pid, stop = _run_container(images, name, options, command, lambda: torchserve_ready(management),
-                                         "TorchServe in the image")
-    return Server("torchserve in the image", f"http://127.0.0.1:{port}", None, ready, ProcessTree(pid), stop)
 
 
 def start_host(mnt: Path, workdir: Path, front: str | None) -> Server:
@@ -558,57 +503,40 @@ def markdown(results: dict) -> str:
 
 # --- main ---------------------------------------------------------------------------------------------
 
-def add_image_args(p: argparse.ArgumentParser) -> None:
-    """The options every benchmark of the serving image takes: galleries, image build options, output folder."""
-    p.add_argument("--gallery", default="5k,60k", help="comma-separated: 5k (artifacts/), 60k (Fashion-MNIST)")
-    p.add_argument("--build-args", default=os.environ.get("BUILD_IMAGES_ARGS", ""),
-                   help="extra scripts/build-images.sh options (default $BUILD_IMAGES_ARGS)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench container", description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=int, default=20, help="seconds per load trial (default 20)")
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated concurrencies (default 1,16,64)")
     p.add_argument("--trials", type=int, default=2, help="trials per figure (default 2)")
     p.add_argument("--starts", type=int, default=3, help="container start-to-ready runs per gallery (default 3)")
-    add_image_args(p)
+    p.add_argument("--gallery", default="5k,60k", help="comma-separated: 5k (artifacts/), 60k (Fashion-MNIST)")
+    p.add_argument("--build-args", default=os.environ.get("BUILD_IMAGES_ARGS", ""),
+                   help="extra scripts/build-images.sh options (default $BUILD_IMAGES_ARGS)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     return args
 
 
-def command_line(argv: list[str], subcommand: str = "container") -> str:
+def command_line(argv: list[str]) -> str:
     """The command as run, with $BUILD_IMAGES_ARGS when the build options came from it."""
-    line = shlex.join([".venv/bin/python", "-m", "bench", subcommand, *argv])
+    line = shlex.join([".venv/bin/python", "-m", "bench", "container", *argv])
     if os.environ.get("BUILD_IMAGES_ARGS") and not any(a.startswith("--build-args") for a in argv):
         line = f"BUILD_IMAGES_ARGS={shlex.quote(os.environ['BUILD_IMAGES_ARGS'])} {line}"
     return line
 
 
-def no_engine(prog: str) -> bool:
-    """True (after saying so on stderr) when neither podman nor docker is installed."""
-    if shutil.which("podman") or shutil.which("docker"):
-        return False
-    print(f"{prog}: neither podman nor docker is installed", file=sys.stderr)
-    return True
-
-
-def record_header(argv: list[str] | None, subcommand: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """The start of a container benchmark's record: when, the command as run, the machine, its load, settings."""
-    return {"schema_version": 1, "started": datetime.now(UTC).isoformat(timespec="seconds"),
-            "command": command_line(argv if argv is not None else sys.argv[1:], subcommand),
-            "machine": env.machine(), "versions": env.versions(), "load_start": load(), "settings": settings}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if no_engine("bench.container"):
+    if not (shutil.which("podman") or shutil.which("docker")):
+        print("bench.container: neither podman nor docker is installed", file=sys.stderr)
         return 2
     started = time.time()
-    results = record_header(argv, "container", {
-        "trials": args.trials, "duration_s": args.duration, "concurrency": args.concurrency, "starts": args.starts,
-        "build_args": args.build_args, "request_images": N_IMAGES})
+    results = {"schema_version": 1, "started": datetime.now(UTC).isoformat(timespec="seconds"),
+               "command": command_line(argv if argv is not None else sys.argv[1:]), "machine": env.machine(),
+               "versions": env.versions(), "load_start": load(),
+               "settings": {"trials": args.trials, "duration_s": args.duration, "concurrency": args.concurrency,
+                            "starts": args.starts, "build_args": args.build_args, "request_images": N_IMAGES}}
     log("building/checking the serving image")
     images = build_image(shlex.split(args.build_args))
     results["image"] = {"engine": images["engine"], "containers_conf": images.get("containers_conf"),

@@ -43,16 +43,6 @@ class ProcessTree:
         used = sum(after[pid] - before.get(pid, 0.0) for pid in after)
         return 100.0 * used / seconds if seconds > 0 else float("nan")
 
-    def cpu_by_role_since(self, before: dict[int, float], role: Callable[[psutil.Process], str]) -> dict[str, float]:
-        """CPU seconds used since `before`, summed per `role` of the process. A process that exited since is not
-        counted (its CPU is lost with it); one that exits while it is labelled counts as "gone"."""
-        after = self.cpu_snapshot()
-        out: dict[str, float] = {}
-        for pid, seconds in after.items():
-            name = role(self._procs[pid])
-            out[name] = out.get(name, 0.0) + seconds - before.get(pid, 0.0)
-        return out
-
     def memory(self, role: Callable[[psutil.Process], str] | None = None) -> list[dict]:
         """RSS of every process in the tree, labelled by `role` (default: the process name)."""
         rows = []
@@ -63,39 +53,6 @@ class ProcessTree:
             except psutil.Error:
                 pass
         return rows
-
-
-def serving_role(proc: psutil.Process) -> str:
-    """Labels for a serving tree: the nginx front, TorchServe's Java frontend, its Python model workers, and any
-    other Python process (the gateway, the torchserve launcher)."""
-    try:
-        name, cmd = proc.name(), " ".join(proc.cmdline())
-    except psutil.Error:
-        return "gone"
-    if name.startswith("nginx"):
-        return "nginx"
-    if name == "java":
-        return "frontend"
-    if "model_service_worker" in cmd:
-        return "workers"
-    return "gateway" if "serving.kserve_runtime" in cmd else "other"
-
-
-def generic_role(root_pid: int) -> Callable[[psutil.Process], str]:
-    """Labels for a Python server's tree: the launched process, multiprocessing helpers, and children."""
-
-    def role(proc: psutil.Process) -> str:
-        if proc.pid == root_pid:
-            return "main"
-        try:
-            cmd = " ".join(proc.cmdline())
-        except psutil.Error:
-            return "gone"
-        if "resource_tracker" in cmd:
-            return "resource tracker"
-        return "child"
-
-    return role
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 5.0) -> None:

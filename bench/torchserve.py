@@ -37,7 +37,7 @@ import yaml
 
 from client.metrics_text import sum_by_name
 from serving.archive import build_mar
-from settings import MODEL_CONFIG_FILE, properties
+from settings import MODEL_CONFIG_FILE
 from serving.server import Instance, private_instance, start, stop
 from training.index import INDEX_TYPES, resolve_index_type
 
@@ -123,30 +123,10 @@ def latency_candidates() -> list[TSConfig]:
     ]
 
 
-def _vmargs(collector: str) -> tuple[tuple[str, str], ...]:
-    """The shipped JVM options with another garbage collector (G1 is the JVM's choice on 2 cores and 24 GiB)."""
-    return (("vmargs", f"{properties().get('vmargs', '')} -XX:+Use{collector}GC".strip()),)
-
-
-def bound_candidates() -> list[TSConfig]:
-    """Settings tried against the ceiling-share target: larger batches (the int8 forward pass is cheapest per image at
-    a batch of 32, which only more than 2 x 8 requests in flight can fill) and the frontend on another collector."""
-    shipped = shipped_config()
-    layout = (shipped.workers, shipped.threads)
-    return [*(TSConfig(f"2x1-b{size}-{shipped.max_batch_delay_ms}ms", *layout, size, shipped.max_batch_delay_ms)
-              for size in (16, 32)),
-            *(TSConfig(f"shipped-{collector.lower()}gc", *layout, shipped.batch_size, shipped.max_batch_delay_ms,
-                       properties=_vmargs(collector)) for collector in ("Serial", "Parallel"))]
-
-
 def all_configurations() -> list[TSConfig]:
-    """Every named configuration (`--configs` picks from these): the report's set, the latency candidates, then
-    bound_candidates."""
+    """Every named configuration (`--configs` picks from these): the report's set, then the latency candidates."""
     known = configurations(quick=False)
-    for extra in (*latency_candidates(), *bound_candidates()):
-        if extra.name not in {c.name for c in known}:
-            known.append(extra)
-    return known
+    return known + [c for c in latency_candidates() if c.name not in {k.name for k in known}]
 
 
 def write_model_config(cfg: TSConfig, path: Path) -> Path:

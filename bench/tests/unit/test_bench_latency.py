@@ -6,7 +6,6 @@ import pytest
 
 from bench import latency
 from bench.torchserve import NETTY_ONE, TSConfig, all_configurations, configurations, shipped_config
-from settings import properties
 
 
 def trial(p50: float, throughput: float, mean: float | None = None) -> dict:
@@ -78,17 +77,3 @@ def test_candidates_keep_the_report_names_and_frontend_overrides():
                                                                         shipped.max_batch_delay_ms)
     netty = TSConfig("n", 2, 1, 8, 5, properties=NETTY_ONE)
     assert "number_of_netty_threads=1" in netty.label
-
-
-def test_bound_candidates_change_one_setting_of_the_shipped_one():
-    shipped = shipped_config()
-    by_name = {c.name: c for c in all_configurations()}
-    for size in (16, 32):
-        bigger = by_name[f"2x1-b{size}-{shipped.max_batch_delay_ms}ms"]
-        assert (bigger.workers, bigger.threads, bigger.batch_size, bigger.max_batch_delay_ms, bigger.properties) == (
-            shipped.workers, shipped.threads, size, shipped.max_batch_delay_ms, ())
-    shipped_vmargs = properties()["vmargs"]
-    for collector in ("Serial", "Parallel"):
-        gc = by_name[f"shipped-{collector.lower()}gc"]
-        assert gc.batch_size == shipped.batch_size and not gc.shipped
-        assert dict(gc.properties) == {"vmargs": f"{shipped_vmargs} -XX:+Use{collector}GC"}
