@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "http://127.0.0.1:9091 (default: read /metrics of --url)")
     dr.add_argument("--config", type=Path, default=CONFIG_FILE, help="config.properties that gives the metrics address")
     dr.add_argument("--model-name", default=MODEL_NAME, help="model name")
+    dr.add_argument("--model-version", help="judge this version alone (default: each loaded version against its "
+                                            "own baseline)")
     dr.add_argument("--interval", type=float, default=0.0,
                     help="/metrics only: judge the traffic between two scrapes this many seconds apart; 0 judges "
                          "everything since the server started")
@@ -335,7 +337,7 @@ def _drift(args: argparse.Namespace) -> int:
         check_url(args.prometheus, "--prometheus")
     url = None if args.prometheus else (check_url(args.url) if args.url else default_endpoints(args.config).metrics)
     return run(url, args.prometheus, args.model_name, args.timeout, args.interval, args.window, args.min_images,
-               args.format == "json")
+               args.format == "json", args.model_version)
 
 
 def _lifecycle_config(args: argparse.Namespace) -> int:

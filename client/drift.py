@@ -1,4 +1,4 @@
-"""``python -m client drift``: live inputs against the served model's drift baseline.
+"""``python -m client drift``: live inputs against the served model's drift baseline, version by version.
 
 Reads either TorchServe's metrics endpoint (counters since the server started, or the difference of two
 scrapes ``--interval`` seconds apart) or a Prometheus server (increase over ``--window``), and judges with the
@@ -6,6 +6,10 @@ thresholds of deploy/prometheus/rules/alerts.yml:
 
 - unknown-answer ratio above max(UNKNOWN_FACTOR x baseline unknown rate, UNKNOWN_FLOOR);
 - mean top-1 distance above the baseline's 90th percentile.
+
+The handler labels every metric with the answering ``ModelVersion``, so each loaded version's traffic is judged
+against that version's own baseline (from its metadata.json), whichever source is read: counters are summed and
+baseline gauges maximised over the other labels (hosts), per version.
 """
 
 from __future__ import annotations
@@ -16,16 +20,19 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
-from .errors import ClientError, ConnectionFailed, DriftDetected, NoBaselineError, TooFewRequestsError
-from .metrics_text import sum_by_name
+from .errors import (ClientError, ConnectionFailed, DriftDetected, NoBaselineError, TooFewRequestsError,
+                     UsageError)
+from .metrics_text import values_by_label
 from .rest import is_loopback
 
 #: Same figures as the alerts EmbeddingUnknownRatioDrift / EmbeddingTop1DistanceDrift / their traffic floor.
 UNKNOWN_FACTOR = 10
 UNKNOWN_FLOOR = 0.05
 MIN_IMAGES = 50
+#: The label carrying the answering version (handler.ts_metrics.DIMENSIONS).
+VERSION_LABEL = "ModelVersion"
 
 BASELINE = {"mean": "EmbeddingBaselineTop1DistanceMean", "p50": "EmbeddingBaselineTop1DistanceP50",
             "p90": "EmbeddingBaselineTop1DistanceP90", "p99": "EmbeddingBaselineTop1DistanceP99",
@@ -34,12 +41,15 @@ COUNTERS = {"answered": "EmbeddingAnsweredImages", "unknown": "EmbeddingUnknownA
             "distance_sum": "EmbeddingTop1DistanceSum"}
 
 
-
 @dataclass
 class Live:
     answered: float
     unknown: float
     distance_sum: float
+
+
+#: Per version (None: samples without a version label): its live counters and its baseline.
+Measures = dict[str | None, tuple[Live, dict[str, float]]]
 
 
 @dataclass
@@ -53,6 +63,7 @@ class Report:
     unknown_limit: float
     unknown_drift: bool
     distance_drift: bool
+    model_version: str | None = None
 
     @property
     def drifted(self) -> bool:
@@ -97,13 +108,23 @@ def metrics_url(url: str) -> str:
     return urllib.parse.urlunsplit(parts)
 
 
-def parse_metrics(text: str, model: str) -> dict[str, float]:
-    """Embedding* samples of ``model`` (summed over label sets) from Prometheus text exposition."""
-    return {name: value for name, value in sum_by_name(text, ModelName=model).items() if name.startswith("Embedding")}
+def parse_metrics(text: str, model: str) -> dict[str | None, dict[str, float]]:
+    """{version: {Embedding* metric: value}} of ``model`` from Prometheus text exposition: counters summed and
+    baseline gauges maximised over the other labels."""
+    out: dict[str | None, dict[str, float]] = {}
+    for version, metrics in values_by_label(text, VERSION_LABEL, ModelName=model).items():
+        out[version] = {name: (sum(values) if name in COUNTERS.values() else max(values))
+                        for name, values in metrics.items() if name.startswith("Embedding")}
+    return {version: metrics for version, metrics in out.items() if metrics}
 
 
-def from_metrics(url: str, model: str, timeout: float, interval: float = 0.0,
-                 sleep=None) -> tuple[Live, dict[str, float], str]:
+def _baseline(metrics: dict[str, float]) -> dict[str, float]:
+    return {key: metrics[name] for key, name in BASELINE.items() if name in metrics}
+
+
+def scrape_metrics(url: str, model: str, timeout: float, interval: float = 0.0,
+                   sleep: Callable[[float], None] | None = None) -> tuple[Measures, str]:
+    """Each version's live counters (since the server started, or over `interval` seconds) and baseline."""
     url = metrics_url(url)
     first = parse_metrics(_open(url, timeout).decode(errors="replace"), model)
     if interval > 0:
@@ -111,41 +132,75 @@ def from_metrics(url: str, model: str, timeout: float, interval: float = 0.0,
 
         (sleep or time.sleep)(interval)
         second = parse_metrics(_open(url, timeout).decode(errors="replace"), model)
-        live = Live(*(second.get(n, 0.0) - first.get(n, 0.0) for n in COUNTERS.values()))
         span = f"last {interval:g} s"
     else:
-        second = first
-        live = Live(*(first.get(n, 0.0) for n in COUNTERS.values()))
+        second, first = first, {}
         span = "since the server started"
-    baseline = {key: second[name] for key, name in BASELINE.items() if name in second}
-    return live, baseline, span
+    measures: Measures = {}
+    for version, now in second.items():
+        before = first.get(version, {})
+        live = Live(*(now.get(n, 0.0) - before.get(n, 0.0) for n in COUNTERS.values()))
+        measures[version] = (live, _baseline(now))
+    return measures, span
 
 
-def _query(url: str, expr: str, timeout: float) -> float | None:
+def _vector(url: str, expr: str, timeout: float) -> dict[str | None, float]:
+    """An instant query's answer, {ModelVersion label (None without one): value}."""
     query = urllib.parse.urlencode({"query": expr})
     raw = _open(f"{url.rstrip('/')}/api/v1/query?{query}", timeout, shown=url)
     try:
-        body = json.loads(raw)
-        result = body["data"]["result"]
-    except (ValueError, KeyError, TypeError):
+        result = json.loads(raw)["data"]["result"]
+        return {item["metric"].get(VERSION_LABEL): float(item["value"][1]) for item in result}
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise ClientError(f"{url}: not a Prometheus query API answer") from None
-    return float(result[0]["value"][1]) if result else None
 
 
-def from_prometheus(url: str, model: str, timeout: float, window: str) -> tuple[Live, dict[str, float], str]:
+def scrape_prometheus(url: str, model: str, timeout: float, window: str) -> tuple[Measures, str]:
+    """Each version's counter increase over `window` and its baseline gauges, from a Prometheus."""
     if not re.fullmatch(r"\d+[smhdw]", window):
         raise ClientError(f"--window {window!r}: use a Prometheus duration such as 30m, 1h, 1d")
     sel = f'{{ModelName="{model}"}}'
-    counters = [_query(url, f"sum(increase({name}{sel}[{window}]))", timeout) or 0.0 for name in COUNTERS.values()]
-    baseline = {}
-    for key, name in BASELINE.items():
-        value = _query(url, f"max({name}{sel})", timeout)
-        if value is not None:
-            baseline[key] = value
-    return Live(*counters), baseline, f"Prometheus, last {window}"
+    counters = {key: _vector(url, f"sum by ({VERSION_LABEL}) (increase({name}{sel}[{window}]))", timeout)
+                for key, name in COUNTERS.items()}
+    gauges = {key: _vector(url, f"max by ({VERSION_LABEL}) ({name}{sel})", timeout) for key, name in BASELINE.items()}
+    versions = {v for answer in (*counters.values(), *gauges.values()) for v in answer}
+    measures: Measures = {}
+    for version in versions:
+        live = Live(*(counters[key].get(version, 0.0) for key in COUNTERS))
+        measures[version] = (live, {key: g[version] for key, g in gauges.items() if version in g})
+    return measures, f"Prometheus, last {window}"
 
 
-def judge(live: Live, baseline: dict[str, float], source: str, span: str, min_images: int = MIN_IMAGES) -> Report:
+def pick(measures: Measures, version: str | None, source: str) -> tuple[Live, dict[str, float]]:
+    """One version's measures: `version`, or the only version there is when it is None."""
+    if version is not None:
+        if version not in measures:
+            seen = ", ".join(sorted(str(v) for v in measures)) or "none"
+            raise NoBaselineError(f"{source}: no metrics of version {version!r} (versions seen: {seen})")
+        return measures[version]
+    if len(measures) > 1:
+        raise UsageError(f"{source}: versions {', '.join(sorted(str(v) for v in measures))} are loaded; "
+                         "name one with --model-version")
+    return next(iter(measures.values()), (Live(0.0, 0.0, 0.0), {}))
+
+
+def from_metrics(url: str, model: str, timeout: float, interval: float = 0.0,
+                 sleep: Callable[[float], None] | None = None,
+                 version: str | None = None) -> tuple[Live, dict[str, float], str]:
+    """One version's live counters, baseline and span from TorchServe's metrics endpoint (see :func:`pick`)."""
+    measures, span = scrape_metrics(url, model, timeout, interval, sleep)
+    return (*pick(measures, version, metrics_url(url)), span)
+
+
+def from_prometheus(url: str, model: str, timeout: float, window: str,
+                    version: str | None = None) -> tuple[Live, dict[str, float], str]:
+    """One version's increase over `window`, baseline and span from a Prometheus (see :func:`pick`)."""
+    measures, span = scrape_prometheus(url, model, timeout, window)
+    return (*pick(measures, version, url), span)
+
+
+def judge(live: Live, baseline: dict[str, float], source: str, span: str, min_images: int = MIN_IMAGES,
+          version: str | None = None) -> Report:
     if set(baseline) != set(BASELINE):
         raise NoBaselineError(f"{source} exposes no drift-baseline metrics (EmbeddingBaseline*) for this model: "
                               "it serves artifacts trained before metadata.json recorded a drift baseline, or no model")
@@ -156,20 +211,54 @@ def judge(live: Live, baseline: dict[str, float], source: str, span: str, min_im
     top1_mean = live.distance_sum / live.answered
     limit = max(UNKNOWN_FACTOR * baseline["unknown_rate"], UNKNOWN_FLOOR)
     return Report(source, span, round(live.answered), unknown_ratio, top1_mean, baseline, limit,
-                  unknown_ratio > limit, top1_mean > baseline["p90"])
+                  unknown_ratio > limit, top1_mean > baseline["p90"], version)
+
+
+def _verdicts(measures: Measures, model: str, where: str, span: str,
+              min_images: int) -> list[tuple[str | None, Report | ClientError]]:
+    """Each version judged against its own baseline (or why it could not be), in version order."""
+    out: list[tuple[str | None, Report | ClientError]] = []
+    for version in sorted(measures, key=lambda v: (v is not None, str(v))):
+        source = f"model {model}" + (f" version {version}" if version is not None else "") + f" {where}"
+        live, baseline = measures[version]
+        try:
+            out.append((version, judge(live, baseline, source, span, min_images, version)))
+        except (NoBaselineError, TooFewRequestsError) as exc:
+            out.append((version, exc))
+    return out
+
+
+def _shown(verdicts: list[tuple[str | None, Report | ClientError]], as_json: bool) -> str:
+    if as_json:
+        return "\n".join(json.dumps(v.to_json() if isinstance(v, Report) else
+                                    {"model_version": version, "not_judged": str(v), "exit_code": v.exit_code})
+                         for version, v in verdicts)
+    return "\n\n".join(v.text() if isinstance(v, Report) else f"not judged: {v}" for _, v in verdicts)
 
 
 def run(url: str | None, prometheus: str | None, model: str, timeout: float, interval: float, window: str,
-        min_images: int, as_json: bool) -> int:
+        min_images: int, as_json: bool, version: str | None = None) -> int:
+    """Judge each version (or `version` alone); print the reports; raise when one drifted or none could be
+    judged."""
     if prometheus:
-        live, baseline, span = from_prometheus(prometheus, model, timeout, window)
-        source = f"model {model} via {prometheus}"
+        measures, span = scrape_prometheus(prometheus, model, timeout, window)
+        where = f"via {prometheus}"
     else:
         assert url is not None
-        live, baseline, span = from_metrics(url, model, timeout, interval)
-        source = f"model {model} at {metrics_url(url)}"
-    report = judge(live, baseline, source, span, min_images)
-    print(json.dumps(report.to_json()) if as_json else report.text())
-    if report.drifted:
-        raise DriftDetected(f"{source}: inputs drifted from the model's baseline")
+        measures, span = scrape_metrics(url, model, timeout, interval)
+        where = f"at {metrics_url(url)}"
+    if version is not None:
+        measures = {version: pick(measures, version, f"model {model} {where}")}
+    verdicts = _verdicts(measures, model, where, span, min_images)
+    reports = [v for _, v in verdicts if isinstance(v, Report)]
+    if not reports:
+        unjudged = [v for _, v in verdicts if isinstance(v, ClientError)]
+        if not unjudged:
+            raise NoBaselineError(f"model {model} {where} exposes no drift-baseline metrics (EmbeddingBaseline*): "
+                                  "no such model, or it has answered nothing yet")
+        raise type(unjudged[0])("; ".join(str(e) for e in unjudged))
+    print(_shown(verdicts, as_json))
+    drifted = [r for r in reports if r.drifted]
+    if drifted:
+        raise DriftDetected("; ".join(f"{r.source}: inputs drifted from the model's baseline" for r in drifted))
     return 0
