@@ -210,7 +210,7 @@ def _client(args: argparse.Namespace) -> Any:
     url = check_address(args.url or default_url(args.protocol, args.config), args.protocol)
     return EmbeddingClient(url, protocol=args.protocol, model=args.model_name,
                            version=getattr(args, "model_version", None), token=_token("inference", args, url),
-                           timeout=args.timeout, retries=args.retries)
+                           timeout=args.timeout, retries=args.retries, config=args.config)
 
 
 def _predict(args: argparse.Namespace) -> int:
@@ -310,7 +310,7 @@ def _lifecycle(args: argparse.Namespace) -> int:
 
     url = check_url(args.url) if args.url else default_endpoints(args.config).management
     with ManagementClient(url, model=args.model_name, token=_token("management", args, url), timeout=args.timeout,
-                          retries=args.retries) as mgmt:
+                          retries=args.retries, config=args.config) as mgmt:
         if args.command == "status":
             status = mgmt.status()
             print(json.dumps(status.to_json(), indent=2) if args.format == "json" else status.text())

@@ -69,17 +69,18 @@ class EmbeddingClient:
     (KServe). ``url``: the inference base URL (``host:port`` for gRPC); defaults come from
     config.properties. Failures raise the typed errors of :mod:`client.errors`; connection failures
     and 503 are retried ``retries`` times with exponential backoff (``backoff`` seconds; see :mod:`torchserve_api.retry`).
+    ``config``: the config.properties whose addresses a wrong-port error names.
     """
 
     def __init__(self, url: str | None = None, *, protocol: str = "rest", model: str = MODEL_NAME,
                  version: str | None = None, token: Token | str | None = None, timeout: float = 30.0,
-                 retries: int = 3, backoff: float = 0.2) -> None:
+                 retries: int = 3, backoff: float = 0.2, config: Path = CONFIG_FILE) -> None:
         if protocol not in PROTOCOLS:
             raise UsageError(f"unknown protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
         if timeout <= 0:
             raise UsageError("timeout must be positive")
         self.protocol = protocol
-        self.url = check_address(url or default_url(protocol), protocol)
+        self.url = check_address(url or default_url(protocol, config), protocol)
         self.model = model
         self.version = version
         self.token = token if isinstance(token, Token) else Token(token, source="the token argument")
@@ -88,7 +89,7 @@ class EmbeddingClient:
         if protocol == "grpc":
             from .grpc_client import GrpcTransport
 
-            self.transport = GrpcTransport(self.url, model, version, self.token, timeout, retry)
+            self.transport = GrpcTransport(self.url, model, version, self.token, timeout, retry, config)
         else:
             from .rest import Http, is_loopback
 
@@ -96,7 +97,7 @@ class EmbeddingClient:
             if protocol == "rest":
                 from .rest import RestTransport
 
-                self.transport = RestTransport(self.url, model, version, self.token, http)
+                self.transport = RestTransport(self.url, model, version, self.token, http, config)
             else:
                 from .rest import KServeTransport
 

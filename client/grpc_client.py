@@ -14,12 +14,15 @@ Differences from REST, measured on TorchServe 0.12, that this module absorbs:
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import grpc
 from google.protobuf import empty_pb2
 
 from handler.requests import EMBEDDING_OPTION
+from settings import CONFIG_FILE
+from torchserve_api.management import wrong_port
 from torchserve_api.retry import RetryPolicy
 from torchserve_api.transport import auth_error, is_loopback
 
@@ -41,8 +44,9 @@ def target_of(url: str) -> str:
 
 class GrpcTransport:
     def __init__(self, target: str, model: str, version: str | None, token: Token, timeout: float = 30.0,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None, config: Path = CONFIG_FILE) -> None:
         self.stubs = protos.load()
+        self.config = config
         self.target = target_of(target)
         self.model = model
         self.version = version
@@ -66,6 +70,10 @@ class GrpcTransport:
                 or "ModelVersionNotFoundException" in details:
             what = f"model {self.model!r}" + (f" version {self.version!r}" if self.version else "")
             return ModelNotFoundError(f"{what} is not loaded on {self.target} ({first})", self.model, self.version)
+        if code == grpc.StatusCode.UNIMPLEMENTED and "InferenceAPIsService" in details:
+            return wrong_port(self.target, "TorchServe's gRPC management port", "gRPC inference", self.config)
+        if code == grpc.StatusCode.UNAVAILABLE and "http1" in details.lower():
+            return wrong_port(self.target, "an HTTP (REST) port", "gRPC inference", self.config)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return RequestTimeout(f"no answer from {self.target} within {self.timeout:g}s")
         if code == grpc.StatusCode.UNAVAILABLE:

@@ -5,14 +5,17 @@ of :mod:`torchserve_api.transport` (sessions, retries, typed errors), and the ch
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import quote, urlsplit
 
 from handler.requests import EMBEDDING_OPTION
+from settings import CONFIG_FILE
+from torchserve_api.management import check_refusal
 from torchserve_api.transport import Http, auth_error, classify, is_loopback, parse_body
 
 from .answers import Result, as_answer, predict_grouped
-from .errors import BadImageError, UsageError
+from .errors import BadImageError, ClientError, UsageError
 from .kserve_codec import decode_v1, decode_v2, encode_v1, encode_v2, request_groups
 from .tokens import Token
 
@@ -35,18 +38,25 @@ def check_url(url: str, what: str = "--url") -> str:
 class RestTransport:
     """TorchServe's inference API: POST the image bytes to /predictions/<model>[/<version>]."""
 
-    def __init__(self, base_url: str, model: str, version: str | None, token: Token, http: Http) -> None:
+    def __init__(self, base_url: str, model: str, version: str | None, token: Token, http: Http,
+                 config: Path = CONFIG_FILE) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.version = version
         self.token = token
         self.http = http
+        self.config = config
         path = f"/predictions/{quote(model)}" + (f"/{quote(version)}" if version else "")
         self.url = self.base_url + path
 
     @property
     def where(self) -> str:
         return urlsplit(self.base_url).netloc or self.base_url
+
+    def _refusal(self, status: int, body: Any) -> ClientError:
+        """The typed error for a refusal; a client pointed at the management or metrics port is told so."""
+        return check_refusal(classify(status, body, self.token, self.where, self.model, self.version), self.http,
+                             self.base_url, "inference", self.config)
 
     def predict(self, image: bytes, embedding: bool = False) -> dict[str, Any]:
         """The raw image as the body; with ``embedding``, a form of the image and the option's text field
@@ -59,7 +69,7 @@ class RestTransport:
         response = self.http.request("POST", self.url, **request)
         body = parse_body(response)
         if response.status_code != 200:
-            raise classify(response.status_code, body, self.token, self.where, self.model, self.version)
+            raise self._refusal(response.status_code, body)
         return as_answer(body, embedding)
 
     def predict_batch(self, images: list[bytes], embedding: bool = False) -> list[Result]:
@@ -73,14 +83,14 @@ class RestTransport:
                                      headers={"Content-Type": "application/json", **self.token.header()})
         body = parse_body(response)
         if response.status_code != 200 and not (isinstance(body, dict) and "predictions" in body):
-            raise classify(response.status_code, body, self.token, self.where, self.model, self.version)
+            raise self._refusal(response.status_code, body)
         return decode_v1(body, len(images), embedding)
 
     def ping(self) -> str:
         response = self.http.request("GET", f"{self.base_url}/ping", headers=self.token.header())
         body = parse_body(response)
         if response.status_code != 200:
-            raise classify(response.status_code, body, self.token, self.where, self.model)
+            raise self._refusal(response.status_code, body)
         return body.get("status", json.dumps(body)) if isinstance(body, dict) else str(body)
 
     def close(self) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from settings import MODEL_NAME
+from settings import CONFIG_FILE, MODEL_NAME, SettingsError, read_properties
 
-from .errors import BadImageError, ClientError, LifecycleError, ServerError, UsageError
+from .errors import AuthError, BadImageError, ClientError, LifecycleError, ModelNotFoundError, ServerError, UsageError
 from .retry import RetryPolicy
 from .tokens import Token
 from .transport import Http, classify, default_endpoints, is_loopback, parse_body
@@ -26,6 +26,54 @@ MODEL_API_HINT = ("the server runs with enable_model_api=false, so versions cann
                   "over HTTP: start it with a lifecycle config (python -m client lifecycle-config --out "
                   "run/lifecycle.properties; python -m serving --config run/lifecycle.properties start), or start it "
                   "with every version in load_models and switch with set-default")
+
+
+#: Where config.properties gives each API's address (gRPC: its port, on grpc_inference_address).
+ADDRESS_KEYS = {"inference": "inference_address", "management": "management_address", "metrics": "metrics_address",
+                "gRPC inference": "grpc_inference_port"}
+
+
+def served_api(http: Http, base_url: str) -> str | None:
+    """"inference", "management" or "metrics": which TorchServe API answers at `base_url`, by the paths of the API
+    description it gives for ``OPTIONS /`` without a token; None when it gives none (not TorchServe, no answer)."""
+    try:
+        body = parse_body(http.request("OPTIONS", f"{base_url.rstrip('/')}/"))
+    except ClientError:
+        return None
+    paths = body.get("paths") if isinstance(body, dict) else None
+    if not isinstance(paths, dict):
+        return None
+    if "/predictions/{model_name}" in paths:
+        return "inference"
+    if "/models" in paths:
+        return "management"
+    return "metrics" if set(paths) == {"/metrics"} else None
+
+
+def wrong_port(where: str, what: str, wanted: str, config: Path = CONFIG_FILE) -> UsageError:
+    """The error for a client that reached `what` ("TorchServe's metrics port") at `where` but needs TorchServe's
+    `wanted` API (a key of ADDRESS_KEYS): it names the address to use from `config`."""
+    key = ADDRESS_KEYS[wanted]
+    try:
+        props = read_properties(config)
+        host = props.get("grpc_inference_address", "127.0.0.1")
+        address = props[key] if key.endswith("_address") else f"{host}:{props[key]}"
+        fix = f"use --url {address} ({key} in {config})"
+    except (OSError, SettingsError, KeyError):
+        fix = f"use the address in {key} of the server's config.properties"
+    return UsageError(f"{where} is {what}, not TorchServe's {wanted} port: {fix}")
+
+
+def check_refusal(error: ClientError, http: Http, base_url: str, wanted: str,
+                  config: Path = CONFIG_FILE) -> ClientError:
+    """`error`, unless it blames the token or the model while `base_url` is another TorchServe API than `wanted`:
+    then the wrong_port error that names the right address."""
+    if not isinstance(error, (AuthError, ModelNotFoundError)):
+        return error
+    role = served_api(http, base_url)
+    if role is None or role == wanted:
+        return error
+    return wrong_port(urlsplit(base_url).netloc or base_url, f"TorchServe's {role} port", wanted, config)
 
 
 @dataclass(frozen=True)
@@ -101,8 +149,9 @@ class ManagementClient:
     """Versions of one model on a TorchServe management API (``--url``, default from config.properties)."""
 
     def __init__(self, url: str | None = None, *, model: str = MODEL_NAME, token: Token | str | None = None,
-                 timeout: float = 120.0, retries: int = 3, backoff: float = 0.2) -> None:
-        self.url = (url or default_endpoints().management).rstrip("/")
+                 timeout: float = 120.0, retries: int = 3, backoff: float = 0.2, config: Path = CONFIG_FILE) -> None:
+        self.config = config
+        self.url = (url or default_endpoints(config).management).rstrip("/")
         self.model = model
         self.token = token if isinstance(token, Token) else Token(token, source="the token argument")
         self.http = Http(timeout, RetryPolicy(retries=max(0, retries), backoff=backoff),
@@ -125,7 +174,8 @@ class ManagementClient:
         if response.status_code == 409 or kind == "InvalidModelVersionException":
             hint = " (set another default version first)" if "default version" in message else ""
             raise LifecycleError(f"{message}{hint}", response.status_code)
-        error = classify(response.status_code, body, self.token, self.where, self.model, version)
+        error = check_refusal(classify(response.status_code, body, self.token, self.where, self.model, version),
+                              self.http, self.url, "management", self.config)
         if isinstance(error, BadImageError):  # a 4xx that is about the operation, not an image
             raise LifecycleError(f"{method} {path} refused ({response.status_code}): {message or error}",
                                  response.status_code)
@@ -192,7 +242,7 @@ class ManagementClient:
                 raise UsageError(f"{location} holds model {manifest.get('modelName')!r}, not {self.model!r}")
             if str(manifest.get("modelVersion")) != version:
                 raise UsageError(f"{location} holds version {manifest.get('modelVersion')!r}, not {version!r} "
-                                 "(build it with ./archive.sh --version)")
+                                 f"(build it with ./archive.sh --model-version {version})")
             in_store = model_store is not None and path.resolve().parent == Path(model_store).resolve()
             location = path.name if in_store else path.resolve().as_uri()
         try:

@@ -171,25 +171,53 @@ def test_cli_reads_the_token_from_the_environment(torchserve, image_folder, tmp_
     ("nothing listening", 7, "connection refused"),
     ("missing image", 2, "no such file or folder"),
     ("missing key file", 2, "cannot read the key file"),
+    ("management port", 2, "is TorchServe's management port, not TorchServe's inference port: use --url {inference} "
+                           "(inference_address in {config})"),
+    ("metrics port", 2, "is TorchServe's metrics port, not TorchServe's inference port: use --url {inference} "
+                        "(inference_address in {config})"),
+    ("grpc management port", 2, "is TorchServe's gRPC management port, not TorchServe's gRPC inference port: use "
+                                "--url 127.0.0.1:{grpc} (grpc_inference_port in {config})"),
+    ("grpc to the REST port", 2, "is an HTTP (REST) port, not TorchServe's gRPC inference port: use "
+                                 "--url 127.0.0.1:{grpc} (grpc_inference_port in {config})"),
+    ("status on the inference port", 2, "is TorchServe's inference port, not TorchServe's management port: use "
+                                        "--url {management} (management_address in {config})"),
+    ("status on the metrics port", 2, "is TorchServe's metrics port, not TorchServe's management port: use "
+                                      "--url {management} (management_address in {config})"),
+    ("register another version", 2, "holds version '1.0', not '2.0' (build it with ./archive.sh --model-version 2.0)"),
 ])
-def test_cli_errors_are_one_line_with_their_exit_code(torchserve, image_folder, tmp_path, case, code, message):
+def test_cli_errors_are_one_line_with_their_exit_code(torchserve, model_store, image_folder, tmp_path, case, code,
+                                                      message):
     image = str(image_folder / "digit_2.png")
-    rest = ["--url", torchserve.endpoints.inference]
+    ends = torchserve.endpoints
+    rest = ["--url", ends.inference]
     keys = ["--key-file", str(torchserve.key_file)]
+    config = ["--config", str(torchserve.config)]
+    grpc_mgmt = f"127.0.0.1:{ends.grpc_management_port}"
     args = {
-        "no token": [image, *rest],
-        "wrong token": [image, *rest, "--token", "not-the-key"],
-        "missing version": [image, *rest, *keys, "--model-version", "9.9"],
-        "grpc missing version": [image, "--grpc", "--url", grpc_url(torchserve), *keys, "--model-version", "9.9"],
-        "nothing listening": [image, "--url", "http://127.0.0.1:9", "--retries", "1"],
-        "missing image": [str(tmp_path / "nope.png"), *rest, *keys],
-        "missing key file": [image, *rest, "--key-file", str(tmp_path / "nope.json")],
+        "no token": ["predict", image, *rest],
+        "wrong token": ["predict", image, *rest, "--token", "not-the-key"],
+        "missing version": ["predict", image, *rest, *keys, "--model-version", "9.9"],
+        "grpc missing version": ["predict", image, "--grpc", "--url", grpc_url(torchserve), *keys, "--model-version",
+                                 "9.9"],
+        "nothing listening": ["predict", image, "--url", "http://127.0.0.1:9", "--retries", "1"],
+        "missing image": ["predict", str(tmp_path / "nope.png"), *rest, *keys],
+        "missing key file": ["predict", image, *rest, "--key-file", str(tmp_path / "nope.json")],
+        "management port": ["predict", image, "--url", ends.management, *keys, *config],
+        "metrics port": ["predict", image, "--url", ends.metrics, *keys, *config],
+        "grpc management port": ["predict", image, "--grpc", "--url", grpc_mgmt, *keys, *config, "--retries", "0"],
+        "grpc to the REST port": ["ping", "--grpc", *rest, *keys, *config, "--retries", "0"],
+        "status on the inference port": ["status", *rest, *keys, *config],
+        "status on the metrics port": ["status", "--url", ends.metrics, *keys, *config],
+        "register another version": ["register", "--mar", str(model_store / "embedding.mar"), "--model-version", "2.0",
+                                     "--url", ends.management, *keys],
     }[case]
-    result = run_cli("predict", *args, cwd=tmp_path)
+    result = run_cli(*args, cwd=tmp_path)
     assert result.returncode == code, (result.stdout, result.stderr)
     assert result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("client: error: ") and message in line
+    expected = message.format(inference=ends.inference, management=ends.management, config=torchserve.config,
+                              grpc=ends.grpc_inference_port)
+    assert line.startswith("client: error: ") and expected in line
 
 
 @pytest.fixture(scope="module")
