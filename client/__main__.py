@@ -144,6 +144,18 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--timeout", type=positive_seconds, default=10.0, help="seconds per HTTP call")
     dr.add_argument("--format", choices=("table", "json"), default="table", help="output format")
 
+    rt = _add(sub, "rotate-token", "have TorchServe replace its inference or management key before it expires")
+    rt.add_argument("kind", choices=("inference", "management"), metavar="KIND",
+                    help="the key to replace: inference or management")
+    rt.add_argument("--url", help="management address (default: management_address in --config)")
+    rt.add_argument("--config", type=Path, default=CONFIG_FILE, help="config.properties that gives the address")
+    rt.add_argument("--timeout", type=positive_seconds, default=30.0, help="seconds per request")
+    api = rt.add_mutually_exclusive_group()
+    api.add_argument("--token", help="the server's API key (default: the API entry of the key file)")
+    api.add_argument("--key-file", type=Path, help="the server's key_file.json: its API key is sent, and the new "
+                                                   "key is read back from it (default: ./key_file.json, read only "
+                                                   "for a server on this machine)")
+
     lc = _add(sub, "lifecycle-config", "write a copy of config.properties with enable_model_api=true")
     lc.add_argument("--out", type=Path, required=True, help="the file to write (required)")
     lc.add_argument("--base", type=Path, default=CONFIG_FILE, help="the config.properties to copy")
@@ -340,6 +352,37 @@ def _drift(args: argparse.Namespace) -> int:
                args.format == "json", args.model_version)
 
 
+def _rotate_token(args: argparse.Namespace) -> int:
+    """Rotate one key; say where the new one is and when it expires (the server's answer carries no key)."""
+    from torchserve_api.management import rotate_key
+
+    from .api import default_endpoints
+    from .rest import check_url, is_loopback
+
+    url = check_url(args.url) if args.url else default_endpoints(args.config).management
+    key_file = None if args.token else args.key_file or (tokens.DEFAULT_KEY_FILE if is_loopback(url) else None)
+    if args.token:
+        api_key = tokens.Token(args.token, source="--token")
+    elif key_file is None:
+        raise UsageError(f"{url} is not on this machine: pass its API key with --token or its key file with "
+                         "--key-file")
+    else:
+        api_key = tokens.from_key_file(key_file, "API")
+    before = tokens.from_key_file(key_file, args.kind) if key_file else None
+    rotate_key(url, args.kind, api_key, args.timeout, args.config)
+    where = url.split("//", 1)[-1].rstrip("/")
+    after = tokens.from_key_file(key_file, args.kind) if key_file else None
+    if after is None or before is None or after.value == before.value:
+        copy = f" ({key_file} still holds the old one: it is not that server's key file)" if key_file else ""
+        print(f"rotated the {args.kind} key of {where}: the new key is in the key_file.json of the server's working "
+              f"directory{copy}")
+    else:
+        expires = f", expires {after.expires:%Y-%m-%d %H:%M:%S} UTC" if after.expires else ""
+        print(f"rotated the {args.kind} key of {where}: the new key is in {key_file}{expires}; the old one is "
+              "refused from now on")
+    return 0
+
+
 def _lifecycle_config(args: argparse.Namespace) -> int:
     from .lifecycle import write_lifecycle_config
 
@@ -347,7 +390,7 @@ def _lifecycle_config(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"predict": _predict, "embed": _embed, "ping": _ping, "drift": _drift,
+COMMANDS = {"predict": _predict, "embed": _embed, "ping": _ping, "drift": _drift, "rotate-token": _rotate_token,
             "lifecycle-config": _lifecycle_config}
 
 

@@ -76,6 +76,10 @@ def check_refusal(error: ClientError, http: Http, base_url: str, wanted: str,
     return wrong_port(urlsplit(base_url).netloc or base_url, f"TorchServe's {role} port", wanted, config)
 
 
+#: The keys TorchServe 0.12's token API replaces; its API key changes only with a restart.
+ROTATABLE = ("inference", "management")
+
+
 @dataclass(frozen=True)
 class Worker:
     id: str
@@ -279,3 +283,17 @@ class ManagementClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def rotate_key(url: str, kind: str, api_key: Token, timeout: float = 30.0, config: Path = CONFIG_FILE) -> None:
+    """Have the server whose management API is at `url` replace its `kind` key (``GET /token?type=KIND`` with the API
+    key). TorchServe writes the new key, with a new expiry time, into its key_file.json and refuses the old one from
+    then on; its answer carries no key."""
+    if kind not in ROTATABLE:
+        raise UsageError(f"cannot rotate the {kind!r} key: TorchServe rotates {' and '.join(ROTATABLE)} keys only")
+    with ManagementClient(url, token=api_key, timeout=timeout, config=config) as mgmt:
+        try:
+            mgmt._call("GET", "/token", type=kind)
+        except AuthError as exc:
+            raise AuthError(f"{mgmt.where} refused the API key from {api_key.source}: rotating needs the API entry of "
+                            "the server's key_file.json, which changes when the server restarts", exc.reason) from None
