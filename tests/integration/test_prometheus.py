@@ -77,24 +77,42 @@ def test_alert_unit_tests_pass_and_cover_every_alert():
 
 @pytest.mark.prometheus
 @needs_promtool
-@pytest.mark.parametrize("mutation", [
-    ("embedding:error_ratio:rate5m > 0.05", "embedding:error_ratio:rate5m > 0.5"),
-    ("clamp_min(10 * embedding:baseline_unknown_rate, 0.05)", "0.05"),
-    ("> on (job, instance) embedding:baseline_top1_distance:p90", "> 0.3"),
-    ("changes(WorkerLoadTime", "resets(WorkerLoadTime"),
-    ("and on (job, instance) embedding:requests:rate5m > 0", "and on (job, instance) embedding:requests:rate5m >= 0"),
-    ("embedding:answered:increase5m >= 50", "embedding:answered:increase5m >= 0"),
-    (" unless on (job, instance) embedding:request_seconds:p99_5m", ""),
-    ("embedding:request_seconds:p99_5m > 0.025", "embedding:request_seconds:p99_5m > 0.25"),
+@pytest.mark.parametrize("rules, mutation", [
+    ("alerts.yml", ("embedding:error_ratio:rate5m > 0.05", "embedding:error_ratio:rate5m > 0.5")),
+    ("alerts.yml", ("clamp_min(10 * embedding:baseline_unknown_rate, 0.05)", "0.05")),
+    ("alerts.yml", ("> on (job, instance) embedding:baseline_top1_distance:p90", "> 0.3")),
+    ("recording.yml", ("changes(WorkerLoadTime", "resets(WorkerLoadTime")),
+    # a deliberate server restart counted as a worker restart
+    ("recording.yml", ("- on (job, instance) group_left embedding:server_restarts:15m", "")),
+    ("recording.yml", ("resets(Requests2XX", "changes(Requests2XX")),
+    ("alerts.yml", ("and on (job, instance) embedding:requests:rate5m > 0", "and on (job, instance) embedding:requests:rate5m >= 0")),
+    ("alerts.yml", ("embedding:answered:increase5m >= 50", "embedding:answered:increase5m >= 0")),
+    ("alerts.yml", ("unless on (job, instance)\n", "or on (job, instance)\n")),
+    ("alerts.yml", ("embedding:request_seconds:p99_5m > 0.025", "embedding:request_seconds:p99_5m > 0.25")),
+    # the batch client's 64-image requests judged as if each were one image
+    ("alerts.yml", (" and on (job, instance) embedding:images_per_request:rate5m < 1.5", "")),
+    ("recording.yml", ("/ embedding:images:rate5m / 1e6", "/ embedding:requests:rate5m / 1e6")),
+    ("recording.yml", ('/ clamp_min(max by (job, instance) (EmbeddingBatchSize{ModelName="embedding"}) / 8, 1)', "")),
 ])
-def test_alert_unit_tests_catch_a_broken_rule(tmp_path, mutation):
+def test_alert_unit_tests_catch_a_broken_rule(tmp_path, rules, mutation):
     """The promtool tests are not vacuous: each of these rule changes makes them fail."""
     copy = tmp_path / "prometheus"
     shutil.copytree(prom.PROMETHEUS_DIR, copy)
-    text = (copy / "rules" / "alerts.yml").read_text()
+    text = (copy / "rules" / rules).read_text()
     assert mutation[0] in text
-    (copy / "rules" / "alerts.yml").write_text(text.replace(mutation[0], mutation[1]))
+    (copy / "rules" / rules).write_text(text.replace(mutation[0], mutation[1]))
     assert promtool("test", "rules", copy / "tests" / "alerts_test.yml").returncode != 0
+
+
+def test_the_batch_rule_judges_per_batch_of_the_served_batch_size():
+    """The latency rule's "per 8 images" is model-config.yaml's batchSize: single images batched up to it are
+    judged by the batch's time, as before."""
+    from settings import MODEL_CONFIG_FILE
+
+    batch = yaml.safe_load(MODEL_CONFIG_FILE.read_text())["batchSize"]
+    text = (RULES / "recording.yml").read_text()
+    assert f'(EmbeddingBatchSize{{ModelName="embedding"}}) / {batch}, 1)' in text
+    assert f"embedding:batch_seconds_per_{batch}_images:p99_5m" in (RULES / "alerts.yml").read_text()
 
 
 @pytest.mark.prometheus
