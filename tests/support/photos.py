@@ -1,9 +1,4 @@
-"""JPEG "photos" of digits and the scale request PNGs are drawn at, for the preprocessing parity tests.
-
-The same generator as bench/data.py's (bench times the preprocessing on these bodies; the tests check it on
-them), kept here so that the product's tests never import bench; bench/tests/unit/test_bench_oracles.py fails
-if the two ever make different bytes.
-"""
+"""JPEG "photos" of digits and the scale request PNGs are drawn at, for the preprocessing parity tests."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """handler/preprocessing.py as it was before the speed-up (preprocessing version "1"), frozen.
 
-The reference today's implementation is compared with, tensor for tensor (tests/unit/test_preprocessing_fast.py,
-through tests/support/preprocess_v1.py), and timed against (python -m bench preprocess, through
-bench/preprocess_v1.py). The two files are identical copies, so that the product's tests never import bench and
-bench never imports the tests; bench/tests/unit/test_bench_oracles.py fails if they differ. Not used for serving
-or training.
+The reference today's implementation is compared with, tensor for tensor (tests/unit/test_preprocessing_fast.py).
+Not used for serving or training.
 """
 
 from __future__ import annotations
