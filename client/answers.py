@@ -1,13 +1,14 @@
-"""The handler's answer schema, checked the same way whatever protocol carried it."""
+"""The handler's answer schema (handler.answer, the one declaration), checked the same way whatever protocol
+carried it."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Callable, Iterable
 
-from .errors import BadImageError, ClientError
+from handler.answer import Answer, AnswerError
 
-ANSWER_KEYS = ("pred", "dist", "confidence", "unknown", "neighbours")
+from .errors import BadImageError, ClientError
 
 
 def as_answer(item: Any, embedding: bool = False) -> dict[str, Any]:
@@ -28,11 +29,12 @@ def as_answer(item: Any, embedding: bool = False) -> dict[str, Any]:
     if "error" in item:
         status = item.get("status")
         raise BadImageError(str(item["error"]), status if isinstance(status, int) else 400)
-    missing = [key for key in (*ANSWER_KEYS, *(["embedding"] if embedding else [])) if key not in item]
-    if embedding and missing == ["embedding"]:
+    try:
+        typed = Answer.from_json(item)
+    except AnswerError as exc:
+        raise ClientError(f"unexpected answer ({exc}): {json.dumps(item)[:120]}") from None
+    if embedding and typed.embedding is None:
         raise ClientError("the server answered without an embedding: its handler predates the embedding option")
-    if missing:
-        raise ClientError(f"unexpected answer (no {', '.join(missing)}): {json.dumps(item)[:120]}")
     return item
 
 

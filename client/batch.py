@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TextIO
 
+from handler.answer import TABLE_KEYS, Answer
+
 from .errors import BadImageError, UsageError
 
 if TYPE_CHECKING:
@@ -27,7 +29,8 @@ IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".t
 FORMATS = ("jsonl", "csv", "json")
 #: The fewest images per request at the end of a run (fewer are not worth a request's fixed cost).
 TAIL_FLOOR = 8
-CSV_COLUMNS = ("image", "pred", "dist", "confidence", "unknown", "neighbours", "error", "status")
+#: The answer's table columns (handler.answer.TABLE_KEYS) between the image and a failed one's error and status.
+CSV_COLUMNS = ("image", *TABLE_KEYS, "error", "status")
 
 
 def _folder_images(root: Path) -> list[Path]:
@@ -180,10 +183,12 @@ class Summary:
         self.images += 1
         if outcome.answer is None:
             self.failed += 1
-        elif outcome.answer.get("unknown"):
+            return
+        answer = Answer.from_json(outcome.answer)
+        if answer.unknown:
             self.unknown += 1
         else:
-            self.labels[str(outcome.answer.get("pred"))] += 1
+            self.labels[str(answer.pred)] += 1
 
     def lines(self) -> list[str]:
         by_label = ", ".join(f"{label}: {count}" for label, count in sorted(self.labels.items()))

@@ -14,11 +14,13 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 from http import HTTPStatus
 
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
+from handler.answer import Answer
 from handler.artifacts import ArtifactError, quantization, read_metadata
 from handler.preprocessing import DEFAULT_MAX_PIXELS
 from handler.protocols import encode, read_row
@@ -147,7 +149,7 @@ class EmbeddingHandler(BaseHandler):
         per_request = len(requests) == len(self.context.request_ids or {})
         version = (self.context.manifest or {}).get("model", {}).get("modelVersion")
         if version:
-            answers = [answer if "error" in answer else {**answer, "model_version": version} for answer in answers]
+            answers = [replace(a, model_version=version) if isinstance(a, Answer) else a for a in answers]
         out, start = [], 0
         for idx, request in enumerate(requests):
             count = len(request.items)

@@ -44,6 +44,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .answer import COLUMNS, EMBEDDING_COLUMNS, Answer, Refusal, Result
 from .preprocessing import CANVAS
 from .v2_schema import OUTPUT_FORMAT, OUTPUT_FORMATS, V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_OUTPUTS
 from .requests import (
@@ -51,7 +52,6 @@ from .requests import (
     RequestError,
     decode_base64,
     decode_request,
-    error_answer,
     json_body,
     parse_option,
     split_option,
@@ -327,18 +327,18 @@ def _image_from_pixels(pixels: np.ndarray, where: str, index: int) -> Item:
     return np.rint(pixels * 255.0).astype(np.uint8)
 
 
-def encode(request: ProtocolRequest, answers: Sequence[dict[str, Any]], model_name: str,
+def encode(request: ProtocolRequest, answers: Sequence[Result], model_name: str,
            model_version: str | None) -> tuple[int, Any]:
     """(HTTP status, JSON body) for one request, given one answer per image in request order."""
     if request.error is not None:
-        return request.error.status, error_answer(request.error)
+        return request.error.status, Refusal.of(request.error).to_json()
     if request.protocol == "plain":
         (answer,) = answers
-        return answer.get("status", 200) if "error" in answer else 200, answer
-    failed = [a for a in answers if "error" in a]
-    status = failed[0]["status"] if answers and len(failed) == len(answers) else 200
+        return answer.status if isinstance(answer, Refusal) else 200, answer.to_json()
+    failed = [a for a in answers if isinstance(a, Refusal)]
+    status = failed[0].status if answers and len(failed) == len(answers) else 200
     if request.protocol == "v1":
-        body: dict[str, Any] = {"predictions": list(answers)}
+        body: dict[str, Any] = {"predictions": [a.to_json() for a in answers]}
     else:
         if request.output_format == "json":
             outputs, start = [], 0
@@ -346,49 +346,40 @@ def encode(request: ProtocolRequest, answers: Sequence[dict[str, Any]], model_na
                 chunk = answers[start:start + count]
                 start += count
                 outputs.append({"name": name, "datatype": "BYTES", "shape": [count],
-                                "data": [json.dumps(a, separators=(",", ":")) for a in chunk]})
+                                "data": [json.dumps(a.to_json(), separators=(",", ":")) for a in chunk]})
         else:
             outputs = typed_outputs(answers, request.embedding, request.requested)
         body = {"model_name": model_name, "model_version": model_version, "outputs": outputs}
         if request.request_id is not None:
             body["id"] = request.request_id
     if status != 200:
-        body["error"] = failed[0]["error"]
+        body["error"] = failed[0].error
     return status, body
 
 
-def _pad(values: list, width: int, fill: Any) -> list:
-    return values + [fill] * (width - len(values))
-
-
-def typed_outputs(answers: Sequence[dict[str, Any]], embedding: bool = False,
+def typed_outputs(answers: Sequence[Result], embedding: bool = False,
                   requested: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """The typed v2 outputs (:data:`V2_OUTPUTS`) for answers in request order, data flattened row-major.
+    """The typed v2 outputs (:data:`handler.answer.COLUMNS`) for answers in request order, data flattened
+    row-major.
 
     ``requested``: output names to return, in that order (None: all); ``error`` is added whenever an image
     failed, asked for or not, so that a row without an answer is never read as one.
     """
     rows = len(answers)
-    good = [a for a in answers if "error" not in a]
-    k = max((len(a["neighbours"]) for a in good), default=0)
-    neighbours = [a.get("neighbours", []) for a in answers]
-    columns: dict[str, tuple[list, list[int]]] = {
-        "label": ([a.get("pred") or "" for a in answers], [rows]),
-        "distance": ([a.get("dist") for a in answers], [rows]),
-        "confidence": ([a.get("confidence") for a in answers], [rows]),
-        "unknown": ([bool(a.get("unknown", True)) for a in answers], [rows]),
-        "neighbour_labels": ([v for n in neighbours for v in _pad([x["label"] for x in n], k, "")], [rows, k]),
-        "neighbour_distances": ([v for n in neighbours for v in _pad([x["dist"] for x in n], k, None)], [rows, k]),
-    }
-    if embedding:
-        dim = max((len(a.get("embedding", [])) for a in good), default=0)
-        columns["embedding"] = ([v for a in answers for v in _pad(list(a.get("embedding", [])), dim, None)],
-                                [rows, dim])
-        columns["neighbour_ids"] = ([v for n in neighbours for v in _pad([x.get("id", -1) for x in n], k, -1)],
-                                    [rows, k])
+    good = [a for a in answers if isinstance(a, Answer)]
+    columns: dict[str, tuple[list, list[int]]] = {}
+    for column in (*COLUMNS, *(EMBEDDING_COLUMNS if embedding else ())):
+        if not column.shape:
+            columns[column.name] = ([column.value(a) if isinstance(a, Answer) else column.missing
+                                     for a in answers], [rows])
+            continue
+        values = [column.value(a) if isinstance(a, Answer) else [] for a in answers]
+        width = max((len(v) for v, a in zip(values, answers) if isinstance(a, Answer)), default=0)
+        columns[column.name] = ([x for v in values for x in v + [column.missing] * (width - len(v))],
+                                [rows, width])
     names = list(requested) if requested is not None else list(columns)
     if len(good) < rows:
-        columns["error"] = ([a.get("error", "") for a in answers], [rows])
+        columns["error"] = ([a.error if isinstance(a, Refusal) else "" for a in answers], [rows])
         if "error" not in names:
             names.append("error")
     datatypes = {name: datatype for name, datatype, _ in (*V2_OUTPUTS, *V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT)}

@@ -11,6 +11,8 @@ from typing import Any, Sequence
 import faiss
 import numpy as np
 
+from .answer import Answer, Neighbour
+
 DEFAULT_K = 5
 #: metadata.json's section holding the enrolled-class switch (:class:`EnrolledSwitch`); written by
 #: ``python -m training enroll`` for a gallery with classes the network was not trained on.
@@ -225,8 +227,8 @@ class GallerySearcher:
         distances, ids = self.neighbours(embeddings, max(self.k, self.kth))
         return self._scores(embeddings, distances, ids)
 
-    def classify(self, embeddings: np.ndarray) -> list[dict[str, Any]]:
-        """Answer per embedding: pred, dist, confidence, unknown and the k neighbours."""
+    def classify(self, embeddings: np.ndarray) -> list[Answer]:
+        """The :class:`~handler.answer.Answer` per embedding."""
         distances, ids, scores = self.search(embeddings)
         switched = self.switched(embeddings)
         if switched is None:
@@ -246,7 +248,7 @@ class GallerySearcher:
         return distances[:, : self.k], ids[:, : self.k], scores
 
     def answer(self, distances: np.ndarray, ids: np.ndarray, score: float,
-               switch_to: str | None = None) -> dict[str, Any]:
+               switch_to: str | None = None) -> Answer:
         """The answer for one query's row of :meth:`search` (its ``neighbours`` are the ids >= 0, in order);
         ``switch_to``: the query's entry of :meth:`switched`, the answer's ``pred`` when not None and the vote
         answers a class the switch does not count as enrolled."""
@@ -255,7 +257,7 @@ class GallerySearcher:
         text = self._label_text
         hits = [(text[i], d) for i, d in zip(ids.tolist(), distances.tolist()) if i >= 0]
         if not hits:
-            return {"pred": None, "dist": None, "confidence": 0.0, "unknown": True, "neighbours": []}
+            return Answer(pred=None, dist=None, confidence=0.0, unknown=True, neighbours=())
         labels = [label for label, _ in hits]
         weights: dict[str, float] = {}
         for label, dist in hits:
@@ -264,10 +266,10 @@ class GallerySearcher:
         pred = max(weights, key=lambda lab: (weights[lab], -labels.index(lab)))
         if switch_to is not None and (self._switch is None or pred not in self._switch.enrolled):
             pred = switch_to
-        return {
-            "pred": pred,
-            "dist": round(hits[0][1], 6),
-            "confidence": round(weights.get(pred, 0.0) / sum(weights.values()), 6),
-            "unknown": bool(self.threshold is not None and score > self.threshold),
-            "neighbours": [{"label": label, "dist": round(dist, 6)} for label, dist in hits],
-        }
+        return Answer(
+            pred=pred,
+            dist=round(hits[0][1], 6),
+            confidence=round(weights.get(pred, 0.0) / sum(weights.values()), 6),
+            unknown=bool(self.threshold is not None and score > self.threshold),
+            neighbours=tuple(Neighbour(label, round(dist, 6)) for label, dist in hits),
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,8 +24,9 @@ from .artifacts import (
     read_sources,
     verify_artifacts,
 )
+from .answer import Answer, Refusal, Result
 from .preprocessing import DEFAULT_MAX_PIXELS, InvalidImageError, ProfileError, is_blank, profile_of
-from .requests import RequestError, error_answer
+from .requests import RequestError
 from .search import GallerySearcher
 
 logger = logging.getLogger(__name__)
@@ -113,14 +114,14 @@ class BatchTimings:
 class Prepared:
     """A batch after preprocessing: answers so far (errors for refused payloads), tensors of the good ones."""
 
-    answers: list[dict[str, Any] | None]
+    answers: list[Result | None]
     good: list[int] = field(default_factory=list)
     tensors: list[np.ndarray] = field(default_factory=list)
     timings: BatchTimings = field(default_factory=BatchTimings)
 
 
-def with_embedding(answer: dict[str, Any], embedding: np.ndarray, gallery_ids: np.ndarray,
-                   sources: tuple[str, Sequence[str | int]] | None = None) -> dict[str, Any]:
+def with_embedding(answer: Answer, embedding: np.ndarray, gallery_ids: np.ndarray,
+                   sources: tuple[str, Sequence[str | int]] | None = None) -> Answer:
     """The answer of the request option: each neighbour gets its gallery index ``id`` and, when training
     recorded one, its source (``file`` or ``dataset_index``); the answer gets the ``embedding`` vector.
 
@@ -128,17 +129,14 @@ def with_embedding(answer: dict[str, Any], embedding: np.ndarray, gallery_ids: n
     answer's neighbours skip). Floats are float32 values written exactly (no rounding).
     """
     valid = [int(i) for i in gallery_ids if i >= 0]
-    if len(valid) != len(answer["neighbours"]):
-        raise ValueError(f"{len(answer['neighbours'])} neighbours in the answer for {len(valid)} gallery ids")
+    if len(valid) != len(answer.neighbours):
+        raise ValueError(f"{len(answer.neighbours)} neighbours in the answer for {len(valid)} gallery ids")
     neighbours = []
-    for neighbour, gallery_id in zip(answer["neighbours"], valid):
-        item = {**neighbour, "id": gallery_id}
-        if sources is not None:
-            kind, ids = sources
-            item[SOURCE_KEYS[kind]] = ids[gallery_id]
-        neighbours.append(item)
-    return {**answer, "neighbours": neighbours,
-            "embedding": [float(v) for v in np.asarray(embedding, dtype=np.float32).ravel()]}
+    for neighbour, gallery_id in zip(answer.neighbours, valid):
+        source = {} if sources is None else {SOURCE_KEYS[sources[0]]: sources[1][gallery_id]}
+        neighbours.append(replace(neighbour, id=gallery_id, **source))
+    return replace(answer, neighbours=tuple(neighbours),
+                   embedding=tuple(float(v) for v in np.asarray(embedding, dtype=np.float32).ravel()))
 
 
 class EmbeddingService:
@@ -215,17 +213,17 @@ class EmbeddingService:
                 prepared.tensors.append(self.profile.preprocess(payload, self.max_pixels))
                 prepared.good.append(i)
             except (RequestError, InvalidImageError) as exc:
-                prepared.answers[i] = error_answer(exc)
+                prepared.answers[i] = Refusal.of(exc)
                 prepared.timings.rejected += 1
             except Exception:  # a bug, not bad input: fail this request alone, keep the batch
                 logger.exception("unexpected error preprocessing request %d", i)
-                prepared.answers[i] = {"error": "internal error while preprocessing this image", "status": 500}
+                prepared.answers[i] = Refusal("internal error while preprocessing this image", 500)
                 prepared.timings.rejected += 1
         prepared.timings.preprocess = time.perf_counter() - started
         return prepared
 
     def predict(self, prepared: Prepared, embedding: Sequence[bool] | None = None
-                ) -> tuple[list[dict[str, Any]], BatchTimings]:
+                ) -> tuple[list[Result], BatchTimings]:
         """Stages 2 and 3: one forward pass and one gallery search for the prepared tensors; one answer per
         payload, in order. ``embedding[i]`` true: payload i's answer also carries its embedding and the
         neighbours' gallery ids (:func:`with_embedding`)."""
@@ -247,15 +245,17 @@ class EmbeddingService:
             timings.search = time.perf_counter() - started
             for row, (i, tensor, result) in enumerate(zip(prepared.good, prepared.tensors, results)):
                 if is_blank(tensor):  # nothing to recognise: never a confident answer
-                    result = {**result, "unknown": True}
+                    result = replace(result, unknown=True)
                 if embedding is not None and embedding[i]:
                     result = with_embedding(result, embeddings[row], ids[row], self.sources)
                 answers[i] = result
-                timings.unknown += result["unknown"]
-                timings.top1.append(result["dist"])
+                timings.unknown += result.unknown
+                timings.top1.append(result.dist)
         return answers, timings  # type: ignore[return-value]
 
     def answer(self, payloads: Sequence[bytes | np.ndarray | RequestError],
                embedding: Sequence[bool] | None = None) -> tuple[list[dict[str, Any]], BatchTimings]:
-        """All stages for a batch: :meth:`prepare`, then :meth:`predict`; bad items get an error answer."""
-        return self.predict(self.prepare(payloads), embedding)
+        """All stages for a batch, as a server answers it: :meth:`prepare`, then :meth:`predict`, each answer (or
+        a bad item's refusal) as its JSON object."""
+        answers, timings = self.predict(self.prepare(payloads), embedding)
+        return [answer.to_json() for answer in answers], timings

@@ -1,25 +1,18 @@
 """The model's Open Inference v2 interface, declared once: the handler writes it (:mod:`handler.protocols`),
-the gateway's model metadata declares it and clients name its parameter. Standard library only, so the
-client and the gateway import it without numpy or Pillow."""
+the gateway's model metadata declares it and clients name its parameter. The typed outputs are the answer's
+columns (:mod:`handler.answer`). Standard library only, so the client and the gateway import it without numpy
+or Pillow."""
 
 from __future__ import annotations
+
+from .answer import COLUMNS, EMBEDDING_COLUMNS
 
 Tensor = tuple[str, str, tuple[int, ...]]
 
 #: The typed outputs: (name, datatype, shape of one image's row); the shape gains a leading batch dimension.
-V2_OUTPUTS: tuple[Tensor, ...] = (
-    ("label", "BYTES", ()),
-    ("distance", "FP32", ()),
-    ("confidence", "FP32", ()),
-    ("unknown", "BOOL", ()),
-    ("neighbour_labels", "BYTES", (-1,)),
-    ("neighbour_distances", "FP32", (-1,)),
-)
+V2_OUTPUTS: tuple[Tensor, ...] = tuple((c.name, c.datatype, c.shape) for c in COLUMNS)
 #: Outputs present with the embedding option (asking for one of them by name turns the option on).
-V2_EMBEDDING_OUTPUTS: tuple[Tensor, ...] = (
-    ("embedding", "FP32", (-1,)),
-    ("neighbour_ids", "INT64", (-1,)),
-)
+V2_EMBEDDING_OUTPUTS: tuple[Tensor, ...] = tuple((c.name, c.datatype, c.shape) for c in EMBEDDING_COLUMNS)
 #: Present only when an image of the request failed: its message per row, "" for answered rows.
 V2_ERROR_OUTPUT: Tensor = ("error", "BYTES", ())
 #: The request parameter choosing typed outputs ("tensors", the default) or JSON text per input ("json").

@@ -164,6 +164,7 @@ def _call(args: argparse.Namespace, url: str, queue: str) -> int:
     import base64
 
     from .client import QueueClient
+    from .protocol import error_answer
 
     failed = 0
     with QueueClient(url, queue) as client:
@@ -179,7 +180,7 @@ def _call(args: argparse.Namespace, url: str, queue: str) -> int:
             try:
                 answer = client.result(future, max(0.0, deadline - time.monotonic()))
             except TimeoutError as exc:
-                answer = {"error": str(exc), "status": 504}
+                answer = error_answer(str(exc), 504)
             failed += "error" in answer
             print(json.dumps({"image": str(image), **answer}), flush=True)
     return 1 if failed else 0

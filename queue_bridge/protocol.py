@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from handler.answer import Refusal
 from handler.requests import RequestError, decode_request
 
 from .broker import MAX_BODY_BYTES
@@ -28,8 +29,8 @@ def image_from_message(body: bytes, content_type: str | None) -> bytes:
 
 
 def error_answer(message: str, status: int) -> dict[str, Any]:
-    """The handler's error shape, so queue callers see the same errors as REST callers."""
-    return {"error": message, "status": status}
+    """The handler's refusal (handler.answer.Refusal), so queue callers see the same errors as REST callers."""
+    return Refusal(message, status).to_json()
 
 
 def encode_answer(answer: dict[str, Any]) -> bytes:

@@ -97,7 +97,7 @@ def evaluate(searcher: GallerySearcher, test_embeddings: np.ndarray, test_labels
     """Accuracy, per-class precision/recall and confusion matrix using the serving searcher."""
     answers = searcher.classify(test_embeddings)
     position = {name: i for i, name in enumerate(classes)}
-    pred = np.array([position[a["pred"]] for a in answers])
+    pred = np.array([position[a.pred] for a in answers])
     matrix = confusion_matrix(test_labels, pred, len(classes))
     tp = np.diag(matrix).astype(float)
     precision = np.divide(tp, matrix.sum(axis=0), out=np.zeros_like(tp), where=matrix.sum(axis=0) > 0)
@@ -109,7 +109,7 @@ def evaluate(searcher: GallerySearcher, test_embeddings: np.ndarray, test_labels
             for name, p, r, s in zip(classes, precision, recall, matrix.sum(axis=1))
         },
         "confusion_matrix": matrix.tolist(),
-        "top1_distances": np.array([a["dist"] for a in answers]),
+        "top1_distances": np.array([a.dist for a in answers]),
     }
 
 
@@ -117,7 +117,7 @@ def open_set_rejection(searcher: GallerySearcher, embed_fn, n: int = 300, profil
     """Share of synthetic non-digit images that the calibrated threshold answers as unknown (the images are
     canvases already; ``profile`` scales them as the model's inputs)."""
     answers = searcher.classify(embed_fn(profile.normalize(synthetic_non_digits(n))))
-    return float(np.mean([a["unknown"] for a in answers]))
+    return float(np.mean([a.unknown for a in answers]))
 
 
 def write_plots(out: Path, history: list[dict], matrix: np.ndarray, classes: Sequence[str],
@@ -300,7 +300,7 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
     tensors = service.profile.normalize(service.profile.canvases_from_arrays(dataset.test_images))
     embeddings = service.embed(tensors)
     answers = searcher.classify(embeddings)
-    accuracy = float(np.mean([a["pred"] == dataset.classes[y] for a, y in zip(answers, dataset.test_labels)]))
+    accuracy = float(np.mean([a.pred == dataset.classes[y] for a, y in zip(answers, dataset.test_labels)]))
     blank = np.array([is_blank(t) for t in tensors], dtype=bool)
     digit_scores = np.where(blank, np.inf, searcher.scores(embeddings))
     accepted = digit_scores <= threshold

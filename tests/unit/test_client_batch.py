@@ -170,10 +170,10 @@ def test_json_array_and_json_lines(fmt):
 
 def test_summary_counts_labels_unknown_and_failures():
     summary = Summary()
-    for outcome in [Outcome(Path("a"), answer={"pred": "3", "unknown": False}),
-                    Outcome(Path("b"), answer={"pred": "3", "unknown": False}),
-                    Outcome(Path("c"), answer={"pred": "10", "unknown": False}),
-                    Outcome(Path("d"), answer={"pred": "1", "unknown": True}),
+    for outcome in [Outcome(Path("a"), answer=answer_for(b"digit:3", False)),
+                    Outcome(Path("b"), answer=answer_for(b"digit:3", False)),
+                    Outcome(Path("c"), answer=answer_for(b"digit:10", False)),
+                    Outcome(Path("d"), answer=answer_for(b"unknown", False)),
                     Outcome(Path("e"), error="cannot read", kind="ReadError")]:
         summary.add(outcome)
     assert summary.lines() == ["summary: 5 images, 3 with a label, 1 unknown (open-set rejects), 1 failed",

@@ -12,6 +12,7 @@ import torch
 from serving.samples import user_digit_png
 from support.handler_context import run_batch
 
+from handler.answer import Answer
 from handler.artifacts import LABELS_FILE, METADATA_FILE, MODEL_FILE, SOURCES_FILE
 from handler.preprocessing import canvases_from_arrays, preprocess
 from handler.protocols import read_row
@@ -187,8 +188,8 @@ def test_old_artifacts_without_sources_answer_with_gallery_ids_only(tmp_path, ti
 
 
 def test_with_embedding_skips_missing_hits_and_names_file_sources():
-    answer = {"pred": "a", "dist": 0.1, "confidence": 1.0, "unknown": False,
-              "neighbours": [{"label": "a", "dist": 0.1}, {"label": "b", "dist": 0.2}]}
+    answer = Answer.from_json({"pred": "a", "dist": 0.1, "confidence": 1.0, "unknown": False,
+                               "neighbours": [{"label": "a", "dist": 0.1}, {"label": "b", "dist": 0.2}]})
     got = with_embedding(answer, np.array([0.5, -0.25], np.float32), np.array([4, 0, -1]),
                          ("file", ["b/1.png", "x", "y", "z", "a/7.png"]))
     assert got["neighbours"] == [{"label": "a", "dist": 0.1, "id": 4, "file": "a/7.png"},

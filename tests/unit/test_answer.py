@@ -1,0 +1,97 @@
+"""The one declaration of the answer (handler/answer.py): the served JSON and typed v2 columns it writes, and the
+answers it reads from servers old and new."""
+
+from __future__ import annotations
+
+import json
+
+import faiss
+import numpy as np
+import pytest
+
+from client.batch import CSV_COLUMNS
+from handler.answer import TABLE_KEYS, Answer, AnswerError, Neighbour, Refusal
+from handler.protocols import ProtocolRequest, encode
+from handler.search import GallerySearcher
+from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_OUTPUTS
+
+
+def circle_searcher() -> GallerySearcher:
+    """Three gallery items on the unit circle (angles 0.1 and 0.5: "7", 3.0: "1"), k=2, threshold 1.0."""
+    angles = np.array([0.1, 0.5, 3.0])
+    index = faiss.IndexFlatL2(2)
+    index.add(np.stack([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32))
+    return GallerySearcher(index, ["7", "7", "1"], k=2, threshold=1.0)
+
+
+def answers_at(*angles: float) -> list[Answer]:
+    a = np.array(angles)
+    return circle_searcher().classify(np.stack([np.cos(a), np.sin(a)], axis=1).astype(np.float32))
+
+
+#: The served JSON for a query at angle 0 (near the two "7"s) and at -1.2 (far from all: unknown).
+NEAR = ('{"pred": "7", "dist": 0.099958, "confidence": 1.0, "unknown": false, "neighbours": '
+        '[{"label": "7", "dist": 0.099958}, {"label": "7", "dist": 0.494808}]}')
+FAR = ('{"pred": "7", "dist": 1.210373, "confidence": 1.0, "unknown": true, "neighbours": '
+       '[{"label": "7", "dist": 1.210373}, {"label": "7", "dist": 1.502561}]}')
+
+
+def test_served_json_is_the_contract_clients_read():
+    """Key order, rounding and names are what clients parse: a change here is a change of the served contract."""
+    near, far = answers_at(0.0, -1.2)
+    assert json.dumps(encode(ProtocolRequest("plain", []), [near], "embedding", None)[1]) == NEAR
+    assert json.dumps(encode(ProtocolRequest("v1", []), [far, Refusal("not an image")], "m", None)[1]) == \
+        '{"predictions": [' + FAR + ', {"error": "not an image", "status": 400}]}'
+
+
+def test_typed_v2_outputs_are_the_answer_columns():
+    near, far = answers_at(0.0, -1.2)
+    status, body = encode(ProtocolRequest("v2", [], [("x", 3)]), [near, far, Refusal("not an image")], "m", "1.0")
+    assert status == 200
+    assert [(o["name"], o["datatype"]) for o in body["outputs"]] == \
+        [(name, datatype) for name, datatype, _ in V2_OUTPUTS] + [("error", "BYTES")]
+    data = {o["name"]: (o["shape"], o["data"]) for o in body["outputs"]}
+    assert data["label"] == ([3], ["7", "7", ""])
+    assert data["distance"] == ([3], [0.099958, 1.210373, None])
+    assert data["unknown"] == ([3], [False, True, True])
+    assert data["neighbour_labels"] == ([3, 2], ["7", "7", "7", "7", "", ""])
+    assert data["neighbour_distances"] == ([3, 2], [0.099958, 0.494808, 1.210373, 1.502561, None, None])
+    assert data["error"] == ([3], ["", "", "not an image"])
+
+
+def test_embedding_outputs_pad_missing_rows():
+    (near,) = answers_at(0.0)
+    with_ids = Answer.from_json({**near.to_json(), "embedding": [1.0, 0.0],
+                                 "neighbours": [{"label": "7", "dist": 0.1, "id": 0, "dataset_index": 12}]})
+    _, body = encode(ProtocolRequest("v2", [], [("x", 2)], embedding=True), [with_ids, Refusal("bad", 415)], "m", None)
+    data = {o["name"]: (o["shape"], o["data"]) for o in body["outputs"]}
+    assert [name for name, _, _ in V2_EMBEDDING_OUTPUTS] == ["embedding", "neighbour_ids"]
+    assert data["embedding"] == ([2, 2], [1.0, 0.0, None, None])
+    assert data["neighbour_ids"] == ([2, 1], [0, -1])
+
+
+def test_json_round_trip_keeps_options_and_sources():
+    answer = Answer(pred="3", dist=0.2, confidence=0.8, unknown=False, model_version="2.0", embedding=(0.5, -0.5),
+                    neighbours=(Neighbour("3", 0.2, id=4, file="a/3.png"), Neighbour("5", 0.3, id=9,
+                                                                                   dataset_index=17)))
+    text = json.dumps(answer.to_json())
+    assert text == ('{"pred": "3", "dist": 0.2, "confidence": 0.8, "unknown": false, "neighbours": [{"label": "3", '
+                    '"dist": 0.2, "id": 4, "file": "a/3.png"}, {"label": "5", "dist": 0.3, "id": 9, '
+                    '"dataset_index": 17}], "embedding": [0.5, -0.5], "model_version": "2.0"}')
+    assert Answer.from_json(json.loads(text)) == answer
+    assert answer["neighbours"][0]["file"] == "a/3.png" and "error" not in answer  # the JSON view
+
+
+def test_reading_refuses_what_is_not_an_answer_and_ignores_fields_it_does_not_know():
+    with pytest.raises(AnswerError, match="no dist, confidence, neighbours"):
+        Answer.from_json({"pred": "3", "unknown": False})
+    with pytest.raises(AnswerError, match="no dist in a neighbour"):
+        Answer.from_json({"pred": "3", "dist": 0.1, "confidence": 1.0, "unknown": False, "neighbours": [{"label": "3"}]})
+    newer = {**json.loads(NEAR), "calibrated_probability": 0.93}
+    assert Answer.from_json(newer) == json.loads(NEAR)
+
+
+def test_tables_show_the_answer_fields_and_not_the_options():
+    assert CSV_COLUMNS == ("image", *TABLE_KEYS, "error", "status")
+    assert "embedding" not in TABLE_KEYS and "model_version" not in TABLE_KEYS
+    assert set(TABLE_KEYS) <= set(json.loads(NEAR))
