@@ -25,7 +25,7 @@ from cli_common import Parser, non_negative_int, positive_int, positive_seconds
 from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME, SettingsError
 
 from . import tokens
-from .batch import FORMATS, RowWriter, Summary, answer_files, walk
+from .batch import CSV_COLUMNS, FORMATS, RowWriter, Summary, answer_files, walk
 from .errors import BadImageError, ClientError, UsageError
 
 #: Images per request by default: measured against the shipped TorchServe (docs/performance.md).
@@ -225,8 +225,42 @@ def _client(args: argparse.Namespace) -> Any:
                            timeout=args.timeout, retries=args.retries, config=args.config)
 
 
+def _writable(out: Path, flag: str, ours: Any, reads: Sequence[str]) -> Path:
+    """`out` if it is missing or this command's own output (never a user's file, nor one it reads), and writable."""
+    from owned_paths import replaceable_file
+
+    return cli_common.output_file(replaceable_file(out, flag, ours=ours, reads=reads), flag)
+
+
+def predict_output(path: Path) -> bool:
+    """Whether `path` holds predict's output in any format: its CSV header, an empty JSON array, or a first row that
+    is an image's answer or failure."""
+    with open(path, "rb") as fh:
+        first = fh.readline(1 << 20)
+        if first == b"[\n":  # a JSON array: the first row is on the next line
+            first = fh.readline(1 << 20).rstrip(b",\n")
+    if first in (",".join(CSV_COLUMNS).encode() + b"\n", b"[]\n"):
+        return True
+    row = json.loads(first)
+    if not isinstance(row, dict) or next(iter(row), None) != "image":
+        return False
+    return {"error", "status", "kind"} <= row.keys() or set(CSV_COLUMNS[1:-2]) <= row.keys()
+
+
+def embed_listing(path: Path) -> bool:
+    """Whether `path` is the file list that embed writes beside its .npy."""
+    listing = json.loads(Path(path).read_text())
+    return isinstance(listing, dict) and {"files", "count", "dim", "model", "failed"} <= listing.keys()
+
+
+def embed_output(path: Path) -> bool:
+    """Whether `path` is an .npy that embed wrote: an .npy with embed's file list beside it."""
+    with open(path, "rb") as fh:
+        return fh.read(6) == b"\x93NUMPY" and embed_listing(sidecar_path(path))
+
+
 def _predict(args: argparse.Namespace) -> int:
-    out = cli_common.output_file(args.out, "--out") if args.out else None
+    out = _writable(args.out, "--out", predict_output, args.images) if args.out else None
     images = walk(args.images)
     summary = Summary()
     with _client(args) as client, _output(out) as stream, _progress(len(images), args.no_progress) as bar:
@@ -251,8 +285,8 @@ def sidecar_path(out: Path) -> Path:
 
 def _embed(args: argparse.Namespace) -> int:
     """The embeddings of every answered image, in order; failed files are listed, not embedded."""
-    out = cli_common.output_file(args.out, "--out")
-    cli_common.output_file(sidecar_path(out), "--out's file list")
+    out = _writable(args.out, "--out", embed_output, args.images)
+    _writable(sidecar_path(out), "--out's file list", embed_listing, args.images)
     images = walk(args.images)
     summary = Summary()
     vectors: list[list[float]] = []
@@ -386,7 +420,8 @@ def _rotate_token(args: argparse.Namespace) -> int:
 def _lifecycle_config(args: argparse.Namespace) -> int:
     from .lifecycle import write_lifecycle_config
 
-    print(write_lifecycle_config(cli_common.output_file(args.out, "--out"), cli_common.input_file(args.base, "--base")))
+    base = cli_common.input_file(args.base, "--base")
+    print(write_lifecycle_config(cli_common.output_file(args.out, "--out"), base))
     return 0
 
 

@@ -21,6 +21,8 @@ unregistered, so switching back is immediate.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from settings import CONFIG_FILE, read_properties, write_properties
@@ -29,6 +31,9 @@ from torchserve_api.management import (MODEL_API_HINT, ManagementClient, ModelSt
 
 __all__ = ["MODEL_API_HINT", "ManagementClient", "ModelStatus", "VersionStatus", "Worker", "mar_manifest",
            "lifecycle_properties", "write_lifecycle_config"]
+
+#: The first line of every lifecycle config: what lets a later run replace the file, and nothing else.
+HEADER = "# written by python -m client lifecycle-config: a copy of its --base with the model API on\n"
 
 
 def lifecycle_properties(base: Path = CONFIG_FILE) -> dict[str, str]:
@@ -39,11 +44,23 @@ def lifecycle_properties(base: Path = CONFIG_FILE) -> dict[str, str]:
 
 
 def write_lifecycle_config(out: Path, base: Path = CONFIG_FILE) -> Path:
+    """Write the lifecycle config to `out` (a new file, or one this function wrote: never another file, nor
+    `base`), by rename, so an interrupted write leaves no partial config."""
+    from owned_paths import replaceable_file, starts_with
+
     out = Path(out)
+    replaceable_file(out, "--out", ours=starts_with(HEADER.encode()), reads=[base])
     out.parent.mkdir(parents=True, exist_ok=True)
     props = lifecycle_properties(base)
     store = props.get("model_store")
     if store and not Path(store).is_absolute():  # keep the store the base config meant, wherever `out` lives
         props["model_store"] = str((Path(base).resolve().parent / store).resolve())
-    write_properties(props, out)
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    os.close(fd)
+    try:
+        write_properties(props, Path(name))
+        Path(name).write_text(HEADER + Path(name).read_text())
+        os.replace(name, out)
+    finally:
+        Path(name).unlink(missing_ok=True)
     return out

@@ -73,8 +73,14 @@ CASES: list[tuple[str, tuple[str, ...], int, str]] = [
     ("client malformed URL", (*PY, "client", "predict", "README.md", "--url", "http://[bad"), 2, "--url"),
     ("client missing key file", (*PY, "client", "status", "--key-file", "/nonexistent"), 2, "/nonexistent"),
     ("client key file is a folder", (*PY, "client", "status", "--key-file", "docs"), 2, "docs"),
-    ("client unwritable out", (*PY, "client", "embed", "README.md", "--out", f"{NOT_A_DIR}/e.npy"), 2,
+    ("client unwritable out", (*PY, "client", "embed", "SECURITY.md", "--out", f"{NOT_A_DIR}/e.npy"), 2,
      "README.md/sub"),
+    ("client out inside its input", (*PY, "client", "predict", "docs", "--out", "docs/answers.csv"), 2,
+     "--out docs/answers.csv: the command reads from"),
+    ("client out over a user's file", (*PY, "client", "predict", "SECURITY.md", "--out", "README.md"), 2,
+     "--out README.md: exists and was not written by this command"),
+    ("lifecycle-config over its base", (*PY, "client", "lifecycle-config", "--out", "config.properties"), 2,
+     "--out config.properties: the command reads from"),
     ("client old flag", (*PY, "client", "status", "--model", "x"), 2, "unrecognized arguments: --model"),
 ]
 
