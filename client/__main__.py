@@ -229,7 +229,7 @@ def _writable(out: Path, flag: str, ours: Any, reads: Sequence[str]) -> Path:
     """`out` if it is missing or this command's own output (never a user's file, nor one it reads), and writable."""
     from owned_paths import replaceable_file
 
-    return cli_common.output_file(replaceable_file(out, flag, ours=ours, reads=reads), flag)
+    return replaceable_file(cli_common.output_file(out, flag), flag, ours=ours, reads=reads)
 
 
 def predict_output(path: Path) -> bool:
