@@ -7,7 +7,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import sys
 import tempfile
 import warnings
@@ -17,9 +16,10 @@ from urllib.parse import urlsplit
 
 from cli_common import EXIT_INTERRUPTED, EXIT_USAGE, Parser, fail, output_dir, output_file
 from cli_common import UsageError as PathError
+from owned_paths import replaceable_file, starts_with
 from serving.server import ServerError
 
-from . import backend, images, rollback
+from . import backend, images, local_command, preflight, rollback
 from . import options as O
 from . import params as P
 
@@ -32,7 +32,9 @@ EXPERIMENT_ENV = "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME"  # the kfp client's own 
 HEALTHZ_PATH = "/apis/v2beta1/healthz"
 RUNTIME_MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kserve" / "servingruntime.yaml"
 RUNTIME_CONTAINER = "kserve-container"
-SAMPLE_DIGIT = 7
+#: The first line of what compile and runtime write: a file that starts with it may be written again.
+COMPILE_HEADER = "# mnist-embedding pipeline package, written by python -m pipeline compile\n"
+RUNTIME_HEADER = f"# {RUNTIME_MANIFEST.name} with the serving image "
 
 
 class CliError(Exception):
@@ -139,7 +141,7 @@ def _compile(out: Path, image: str, options: O.CompileOptions) -> tuple[Path, ba
         spec, platform = _documents(tmp)
         backend.for_oldest(spec, platform)
         _set_executor_images(spec, image, DEFAULT_PIPELINE_IMAGE)
-        tmp.write_text(yaml.safe_dump_all([spec, platform] if platform else [spec], sort_keys=False))
+        tmp.write_text(COMPILE_HEADER + yaml.safe_dump_all([spec, platform] if platform else [spec], sort_keys=False))
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
@@ -192,7 +194,7 @@ def _runtime(image: str, allow_tag: bool, out: Path | None) -> None:
         validate(manifest)
     except ManifestError as exc:
         raise CliError(f"the runtime manifest with {ref} is not valid: {exc}") from None
-    text = (f"# {RUNTIME_MANIFEST.name} with the serving image {'pinned by digest' if ref.digest else 'by tag'}, "
+    text = (f"{RUNTIME_HEADER}{'pinned by digest' if ref.digest else 'by tag'}, "
             f"written by python -m pipeline runtime\n" + yaml.safe_dump(manifest, sort_keys=False))
     if out is None:
         sys.stdout.write(text)
@@ -350,65 +352,19 @@ def _submit(args: argparse.Namespace, values: dict[str, Any], image: str, option
     print(f"submitted run {run.run_id}: {host}/#/runs/details/{run.run_id}")
 
 
-def _run_local(args: argparse.Namespace, values: dict[str, Any]) -> None:
-    from .local_run import run_local
-
-    workdir = args.workdir.resolve()
-    values["serve_workdir"] = str(Path(values["serve_workdir"] or workdir / "serve").resolve())
-    if values["serve_config"]:
-        values["serve_config"] = str(Path(values["serve_config"]).resolve())
-    try:
-        run = run_local(values, workdir)
-    except RuntimeError as exc:
-        first_line = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).splitlines()[0]  # kfp colours task names
-        raise CliError(f"local run failed: {first_line} (task logs above)") from None
-    print(f"\nrun outputs: {run.run_dir}")
-    for task, outputs in run.outputs.items():
-        for name, value in outputs.items():
-            print(f"  {task}.{name}: {_describe(value)}")
-    gate = f"accuracy {run.accuracy:.4f}, min_accuracy {values['min_accuracy']:g}"
-    if run.deployed_by:
-        print(f"quality gate passed ({gate}): {run.deployed_by}")
-    else:
-        reason = "deploy_target=none" if values["deploy_target"] == "none" else "quality gate not passed"
-        print(f"not deployed: {reason} ({gate})")
-    if run.deployed_by == "deploy-local":
-        print(f"served answer for digit {SAMPLE_DIGIT}: {json.dumps(_ask_local(values, workdir))}")
-
-
-def _describe(value: Any) -> str:
-    """A path for artifacts written to disk; metadata for those that are metadata only (metrics)."""
-    from .local_run import OutputArtifact
-
-    if isinstance(value, OutputArtifact):
-        return value.uri if value.path.exists() else json.dumps(value.metadata)
-    return json.dumps(value)
-
-
-def _ask_local(values: dict[str, Any], workdir: Path) -> dict:
-    """Send one sample digit to the TorchServe the run just started."""
-    from client.api import EmbeddingClient
-    from client.errors import BadImageError
-    from serving.samples import write_samples
-
-    from .local_serving import local_instance
-
-    instance = local_instance(values["model_name"], values["serve_workdir"], values["serve_config"])
-    image = write_samples(workdir / "samples")[SAMPLE_DIGIT]
-    with EmbeddingClient(instance.endpoints.inference, model=instance.model_name,
-                         token=instance.keys().get("inference")) as client:
-        try:
-            return client.predict(image)
-        except BadImageError as exc:
-            return exc.answer()
-
-
 def _check_paths(args: argparse.Namespace) -> None:
-    """The files and folders the command writes, before anything slow starts (PathError otherwise)."""
-    if args.command in ("compile", "runtime") and args.out is not None:
+    """The files and folders the command writes, before anything slow starts (PathError otherwise): each may
+    replace only what the same command wrote before (owned_paths)."""
+    if args.command == "compile":
         output_file(args.out, "--out")
+        images_json = args.images_json or os.environ.get(images.IMAGES_JSON_ENV) or images.DEFAULT_IMAGES_JSON
+        replaceable_file(args.out, "--out", ours=starts_with(COMPILE_HEADER.encode()), reads=[images_json])
+    if args.command == "runtime" and args.out is not None:
+        output_file(args.out, "--out")
+        replaceable_file(args.out, "--out", ours=starts_with(RUNTIME_HEADER.encode()), reads=[RUNTIME_MANIFEST])
     if args.command == "run-local":
         output_dir(args.workdir, "--workdir")
+        preflight.check_outputs(args.workdir, args.serve_workdir, args.data_source)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -437,10 +393,10 @@ def main(argv: list[str] | None = None) -> int:
             _check_data_claim(values["data_source"], options.data_pvc_claim)
             _submit(args, values, _image(args), options)
         else:
-            _run_local(args, values)
+            local_command.run(args.workdir, args.serve_workdir, values)
     except UsageError as exc:
         return fail("pipeline", exc, EXIT_USAGE)
-    except (CliError, P.ParamError, ServerError) as exc:
+    except (CliError, P.ParamError, ServerError, local_command.RunLocalError) as exc:
         return fail("pipeline", exc)
     except KeyboardInterrupt:
         return fail("pipeline", "interrupted", EXIT_INTERRUPTED)

@@ -32,6 +32,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from cli_common import UsageError
+from owned_paths import replaceable_dir
 from settings import (CONFIG_FILE, KSERVE_GRPC_PORT, MODEL_CONFIG_FILE, POD_TORCHSERVE_PORT, PVC_MOUNT_DEFAULT,
                       PVC_MOUNT_ENV, WORKER_THREADS, Endpoints, properties, read_properties, write_properties)
 
@@ -204,6 +206,10 @@ def publish(staging: Path, location: str) -> None:
     local = _local_path(location)
     if local is not None:
         local = local.resolve()
+        try:  # a version folder holds exactly what staging holds: replace nothing else
+            replaceable_dir(local, "kserve-version", "kserve_storage_uri", known=[p.name for p in staging.iterdir()])
+        except UsageError as exc:
+            raise KServeError(str(exc)) from None
         local.parent.mkdir(parents=True, exist_ok=True)
         partial = local.parent / f".{local.name}.partial-{uuid.uuid4().hex[:8]}"
         shutil.copytree(staging, partial)

@@ -5,16 +5,27 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, TextIO
 
 from settings import REPO
 
 from .pipeline import PIPELINE_NAME, mnist_embedding_pipeline
 
 DEPLOY_TASKS = ("deploy-local", "deploy-kserve")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: Lines of a task's output (kfp.local indents them, its executor's log prefixes them) that say nothing about the
+#: run: faiss's loader probing for AVX512/AVX2 builds.
+NOISE = re.compile(r"^\s*(\[KFP Executor [^]]*\]: (Loading faiss|Could not load library with|Successfully loaded faiss)"
+                   r"|ModuleNotFoundError\(\"No module named 'faiss\.)")
+
+
+class TaskFailed(RuntimeError):
+    """A task of the run failed; the message is one line: the task and the cause its traceback ended with."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +67,56 @@ def task_environment() -> Iterator[None]:
         with warnings.catch_warnings():
             # The cluster image's name lacks "python"; locally the tasks run in this interpreter anyway.
             warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
+            # Task resources are for the cluster; kfp.local says so once per task.
+            warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*",
+                                    category=UserWarning)
             yield
     finally:
         if before is None:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = before
+
+
+class TaskOutput:
+    """sys.stdout while kfp.local runs the tasks (it prints each line of their output): passes the lines through,
+    without faiss's loader chatter, and keeps the last exception line of a traceback, the cause of a failure."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.cause = ""
+        self._partial = ""
+        self._traceback_indent: int | None = None
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def _line(self, line: str) -> None:
+        if NOISE.match(line):
+            return
+        self.out.write(line + "\n")
+        plain = ANSI.sub("", line).rstrip()
+        indent = len(plain) - len(plain.lstrip())
+        if plain.lstrip().startswith("Traceback (most recent call last)"):
+            self._traceback_indent = indent
+        elif self._traceback_indent is not None and plain and indent <= self._traceback_indent:
+            self._traceback_indent = None  # frames are indented deeper; this is the exception line
+            name, sep, message = plain.strip().partition(": ")
+            self.cause = f"{name.rsplit('.', 1)[-1]}{sep}{message}"
+
+
+def failed_task(message: str) -> str:
+    """The innermost failed task named in kfp.local's RuntimeError (colour codes and all)."""
+    plain = ANSI.sub("", message)
+    found = re.search(r"Inner task failed: '([^']+)'", plain) or re.search(r"Task '([^']+)'", plain)
+    return found.group(1) if found else "a task"
 
 
 def read_outputs(run_dir: Path) -> dict[str, dict[str, Any]]:
@@ -84,8 +139,14 @@ def run_local(params: dict[str, Any], workdir: Path) -> LocalRun:
     workdir.mkdir(parents=True, exist_ok=True)
     before = set(workdir.glob(f"{PIPELINE_NAME}-*"))
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir))
-    with task_environment():
-        mnist_embedding_pipeline(**params)
+    output = TaskOutput(sys.stdout)
+    with task_environment(), contextlib.redirect_stdout(output):  # type: ignore[type-var]
+        try:
+            mnist_embedding_pipeline(**params)
+        except RuntimeError as exc:
+            task = failed_task(str(exc))
+            raise TaskFailed(f"task {task} failed: {output.cause}" if output.cause
+                             else f"task {task} failed (its output is above)") from None
     new = sorted(set(workdir.glob(f"{PIPELINE_NAME}-*")) - before)
     if not new:
         raise RuntimeError(f"the run wrote nothing under {workdir}")

@@ -225,7 +225,7 @@ def test_local_run_writes_every_artifact(local_run):
 
 @pytest.mark.serving
 def test_local_run_serves_the_new_archive(local_run, tmp_path):
-    from pipeline.cli import _ask_local
+    from pipeline.local_command import ask_local
     from serving.server import model_status
 
     run, instance, values = local_run
@@ -233,7 +233,7 @@ def test_local_run_serves_the_new_archive(local_run, tmp_path):
     assert run.outputs["deploy-local"]["Output"] == f"{instance.endpoints.inference}/predictions/embedding"
     assert instance.pid() is not None
     assert [v["modelVersion"] for v in model_status(instance)] == ["1.0"]
-    answer = _ask_local(values, tmp_path)
+    answer = ask_local(values, tmp_path)
     assert ANSWER_KEYS <= set(answer) and answer["pred"] in [str(d) for d in range(10)]
     assert len(answer["neighbours"]) == values["k"]
 
