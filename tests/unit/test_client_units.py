@@ -382,7 +382,7 @@ def test_an_answer_without_the_requested_embedding_is_an_error():
 
 
 def test_embed_sidecar_sits_beside_the_npy():
-    from client.__main__ import sidecar_path
+    from client.outputs import sidecar_path
 
     assert sidecar_path(Path("/x/embeddings.npy")) == Path("/x/embeddings.files.json")
     assert sidecar_path(Path("out")) == Path("out.files.json")
@@ -391,7 +391,7 @@ def test_embed_sidecar_sits_beside_the_npy():
 def test_write_embeddings_leaves_nothing_behind_when_it_fails(tmp_path, monkeypatch):
     import numpy as np
 
-    from client.__main__ import write_embeddings
+    from client.outputs import write_embeddings
 
     out = tmp_path / "e.npy"
     write_embeddings(out, np.ones((2, 3), np.float32), {"files": ["a", "b"]})
