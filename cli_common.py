@@ -21,7 +21,11 @@ EXIT_CODES = "exit status: 0 done, 1 failed, 2 usage error, 130 interrupted"
 
 
 class UsageError(Exception):
-    """An argument the command cannot run with (exit status 2); the message is one line."""
+    """An argument the command cannot run with (exit status 2); the message is one line. The project's one usage
+    error: every command line catches it, and the client library's refusals of an argument
+    (torchserve_api.errors.ClientUsageError) are of this class too."""
+
+    exit_code = EXIT_USAGE
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -23,7 +23,7 @@ from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME, SettingsError
 from . import tokens
 from .batch import FORMATS
 from .commands import run
-from .errors import ClientError, UsageError
+from .errors import ClientError
 from .outputs import progress as _progress, sidecar_path  # noqa: F401 (tests/unit/test_client_batch.py reads them here)
 
 #: Images per request by default: measured against the shipped TorchServe (docs/performance.md).
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClientError as exc:
         return cli_common.fail("client", exc, exc.exit_code)
     except (cli_common.UsageError, SettingsError) as exc:
-        return cli_common.fail("client", exc, UsageError.exit_code)
+        return cli_common.fail("client", exc, cli_common.EXIT_USAGE)
     except OSError as exc:
         return cli_common.fail("client", cli_common.os_error(exc))
     except KeyboardInterrupt:

@@ -1,7 +1,7 @@
 """The runners of ``python -m client``'s commands: each takes the parsed arguments and returns the exit status.
 
-Failures are raised (ClientError with its own exit code, cli_common.UsageError); ``client.__main__.main`` turns
-them into one line on stderr. Modules a command alone needs are imported inside it, to keep start-up short.
+Failures are raised (a ClientError with its own exit code, or a cli_common.UsageError); ``client.__main__.main``
+turns them into one line on stderr. Modules a command alone needs are imported inside it, to keep start-up short.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import cli_common
+from torchserve_api.errors import ClientUsageError
 
 from . import tokens
 from .batch import RowWriter, Summary, answer_files, walk
-from .errors import BadImageError, ClientError, UsageError
+from .errors import BadImageError, ClientError
 from .outputs import (embed_listing, embed_output, predict_output, progress, report_failure, sidecar_path,
                       text_output, write_embeddings)
 
@@ -164,8 +165,8 @@ def rotate_token(args: argparse.Namespace) -> int:
     if args.token:
         api_key = tokens.Token(args.token, source="--token")
     elif key_file is None:
-        raise UsageError(f"{url} is not on this machine: pass its API key with --token or its key file with "
-                         "--key-file")
+        raise ClientUsageError(f"{url} is not on this machine: pass its API key with --token or its key file "
+                               "with --key-file")
     else:
         api_key = tokens.from_key_file(key_file, "API")
     before = tokens.from_key_file(key_file, args.kind) if key_file else None

@@ -1,11 +1,16 @@
 """Typed failures of a TorchServe API call, each with a one-line message and the client CLI's exit code.
 
 The exit codes are ``python -m client``'s (its module docstring lists them); `serving` only reads the message.
+A refused argument is a :class:`ClientUsageError`: a ClientError to library callers and the project's one
+``cli_common.UsageError`` (exit status 2) to every command line. :class:`ServerError` is TorchServe's 5xx answer,
+not a failure to start a server (that is ``serving.server``'s own error).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import cli_common
 
 
 class ClientError(Exception):
@@ -14,8 +19,15 @@ class ClientError(Exception):
     exit_code = 1
 
 
-class UsageError(ClientError):
-    exit_code = 2
+class ClientUsageError(ClientError, cli_common.UsageError):
+    """An argument a call cannot use (an address, key file, archive, worker range): exit status 2."""
+
+    exit_code = cli_common.EXIT_USAGE
+
+
+#: The name the modules not yet moved to ClientUsageError import (torchserve_api.transport, .management, .tokens,
+#: client.errors and the client modules that raise it); it goes when they do.
+UsageError = ClientUsageError
 
 
 class AuthError(ClientError):
@@ -61,6 +73,8 @@ class ConnectionFailed(ClientError):
 
 
 class ServerError(ClientError):
+    """TorchServe (or KServe) answered 5xx, or was still unavailable (503) after the retries."""
+
     exit_code = 8
 
     def __init__(self, message: str, status: int | None = None) -> None:

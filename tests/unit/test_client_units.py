@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
+import cli_common
 from client import (
     AuthError,
     BadImageError,
@@ -34,6 +35,7 @@ from client import (
 )
 from client.answers import as_answer
 from client.rest import auth_error
+from torchserve_api.errors import ClientUsageError
 from torchserve_api.retry import RetryPolicy
 from settings import REPO
 from support.http import send_json
@@ -257,6 +259,13 @@ def test_an_unreadable_key_file_is_a_usage_error(tmp_path):
     with pytest.raises(ClientError, match="not a TorchServe key file") as caught:
         tokens.resolve("inference", key_file=tmp_path / "bad.json", env={})
     assert caught.value.exit_code == 2
+    assert isinstance(caught.value, cli_common.UsageError)  # the one usage error every command line catches
+
+
+def test_the_client_s_usage_error_is_the_cli_one_and_a_server_error_is_an_answer():
+    assert issubclass(ClientUsageError, ClientError) and issubclass(ClientUsageError, cli_common.UsageError)
+    assert ClientUsageError.exit_code == cli_common.UsageError.exit_code == cli_common.EXIT_USAGE
+    assert not issubclass(ServerError, cli_common.UsageError) and ServerError.exit_code == 8
 
 
 def test_stub_generation_is_atomic_safe_to_race_and_replaces_stale_stubs(tmp_path):
