@@ -65,7 +65,7 @@ def installed_versions() -> dict[str, str]:
     try:
         return {name: importlib.metadata.version(name) for name in ("torchserve", "grpcio-tools")}
     except importlib.metadata.PackageNotFoundError as exc:
-        raise StubError(f"{exc.name} is not installed (see requirements.lock; {HOW})") from None
+        raise StubError(f"{exc.name} is not installed (see requirements/product.lock; {HOW})") from None
 
 
 def _jar_protos(jar: Path) -> dict[str, bytes]:
@@ -89,8 +89,8 @@ def generate(target: Path = STUB_DIR, jar: Path | None = None) -> Path:
     googleapis = Path(google.rpc.status_pb2.__file__).resolve().parent.parent.parent
     return grpc_codegen.generate(
         _package(target), sources, {"torchserve": installed_versions()["torchserve"]}, origin=jar.name,
-        generator=__name__, includes=[googleapis],
-        missing="grpcio-tools is not installed (pip install grpcio-tools; see requirements.lock)")
+        generator="client.protos", includes=[googleapis],
+        missing="grpcio-tools is not installed (pip install grpcio-tools; see requirements/product.lock)")
 
 
 def current(directory: Path = STUB_DIR) -> bool:

@@ -52,8 +52,9 @@ def generate(site: Path | None = None, proto: Path = PROTO) -> Path:
     """Compile `proto` into `site`/PACKAGE (default: this Python's site-packages); returns the package path."""
     return grpc_codegen.generate(
         _package(site), {MODULE: proto.read_bytes()}, {"proto_sha256": proto_sha256(proto)}, origin=proto.name,
-        generator=__name__, missing="grpcio-tools is not installed: it is needed only to generate the stubs "
-                                    "(pip install grpcio-tools with protobuf<7 pinned in the same command)")
+        generator="serving.grpc_stubs",
+        missing="grpcio-tools is not installed: it is needed only to generate the stubs "
+                "(pip install grpcio-tools with protobuf<7 pinned in the same command)")
 
 
 def current(site: Path | None = None, proto: Path = PROTO) -> bool:
