@@ -1,6 +1,6 @@
 # The PIPELINE COMPONENT image: every Kubeflow task of the pipeline runs in it. Python 3.11 and Java 17
 # (a task packs the .mar with torch-model-archiver and smoke-tests it on a local TorchServe), CPU torch,
-# exactly the pins of requirements.lock, and the project's packages on PYTHONPATH. Nothing is
+# exactly the pins of requirements/product.lock, and the project's packages on PYTHONPATH. Nothing is
 # pip-installed when a task starts (components use install_kfp_package=False, packages_to_install=[]).
 #   scripts/build-images.sh --only pipeline [--push REGISTRY/PREFIX]   # content-hash tag; see --help
 #   docker build -t REGISTRY/mnist-embedding-pipeline:TAG .
@@ -38,10 +38,10 @@ ENV VIRTUAL_ENV=/opt/venv \
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_FIND_LINKS=
 ARG PIP_CERT=
-COPY requirements.lock /opt/mnist-embedding/requirements.lock
+COPY requirements/product.lock /opt/mnist-embedding/requirements/product.lock
 RUN python3 -m venv /opt/venv \
  && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
-      -r /opt/mnist-embedding/requirements.lock \
+      -r /opt/mnist-embedding/requirements/product.lock \
  && pip check
 
 ENV PYTHONPATH=/opt/mnist-embedding \

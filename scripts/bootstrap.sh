@@ -25,13 +25,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv || die "could not create .venv (on Debian/Ubuntu: apt-get install python3.11-venv)."
 fi
 
-# requirements-test.txt is the product lock (requirements.lock) plus the test tools, uv among them; pyproject.toml
-# is in the stamp for the editable install of the project itself (its console scripts).
+# requirements/test.lock is the product lock (requirements/product.lock) plus the test tools, uv among them;
+# pyproject.toml is in the stamp for the editable install of the project itself (its console scripts).
 stamp=.venv/.deps-stamp
-want=$(cat requirements.lock requirements-test.txt requirements-bench.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements/product.lock requirements/test.lock requirements/bench.lock pyproject.toml | sha256sum \
+  | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing pinned dependencies into .venv (first run takes about a minute)"
-  uv_pin=$(grep -m1 -E '^uv==' requirements-test.txt) || die "requirements-test.txt pins no uv."
+  uv_pin=$(grep -m1 -E '^uv==' requirements/test.lock) || die "requirements/test.lock pins no uv."
   if [ "$(.venv/bin/uv --version 2>/dev/null | cut -d' ' -f2)" != "${uv_pin#uv==}" ]; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check "$uv_pin" \
       2> >(grep -v '^WARNING: Location' >&2) || die "pip install $uv_pin failed (see above)."
@@ -39,7 +40,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # torch is pinned in the same command as everything that depends on it, so the CUDA build is never pulled.
   # shellcheck disable=SC2046  # torch_source prints options to split
   .venv/bin/uv pip install --quiet --python .venv/bin/python $(torch_source) \
-    -r requirements.lock -r requirements-test.txt -r requirements-bench.txt || die "uv pip install failed (see above)."
+    -r requirements/product.lock -r requirements/test.lock -r requirements/bench.lock \
+    || die "uv pip install failed (see above)."
   .venv/bin/uv pip install --quiet --python .venv/bin/python --no-deps --no-build-isolation -e . \
     || die "installing the project (console scripts embedding-*) failed (see above)."
   echo "$want" > "$stamp"

@@ -143,7 +143,7 @@ fi
 
 # --- inputs and content hash ------------------------------------------------------------------------
 dockerfile_of() { case $1 in serving) echo serving/Dockerfile ;; pipeline) echo Dockerfile ;; esac; }
-lock_of() { case $1 in serving) echo requirements-serving.lock ;; pipeline) echo requirements.lock ;; esac; }
+lock_of() { case $1 in serving) echo requirements/serving.lock ;; pipeline) echo requirements/product.lock ;; esac; }
 
 # Source paths of the Dockerfile's COPY instructions (shell form, one line each).
 copy_sources() {
@@ -164,7 +164,7 @@ content_hash() {
   } | sha256sum | cut -c1-12
 }
 
-# Every pin of requirements-serving.lock that requirements.lock also pins must be equal.
+# Every pin of requirements/serving.lock that requirements/product.lock also pins must be equal.
 check_serving_lock() {
   local bad
   bad=$(awk '
@@ -173,9 +173,9 @@ check_serving_lock() {
     !/==/ { next }
     { split($0, p, "=="); n = norm(p[1]) }
     FNR == NR { full[n] = p[2]; next }
-    (n in full) && full[n] != p[2] { printf "%s==%s (requirements.lock: %s) ", p[1], p[2], full[n] }
-  ' requirements.lock requirements-serving.lock)
-  [ -z "$bad" ] || die "requirements-serving.lock differs from requirements.lock: $bad"
+    (n in full) && full[n] != p[2] { printf "%s==%s (requirements/product.lock: %s) ", p[1], p[2], full[n] }
+  ' requirements/product.lock requirements/serving.lock)
+  [ -z "$bad" ] || die "requirements/serving.lock differs from requirements/product.lock: $bad"
 }
 
 if [ -n "$PUSH" ]; then PREFIX=$PUSH; else PREFIX=localhost; fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Usage: scripts/client-venvs.sh [NAME ...]   (default: every requirements-clients/*.txt)
+# Usage: scripts/client-venvs.sh [NAME ...]   (default: every requirements/clients/*.txt)
 # Create one virtual environment per inference client the serving image is tested with (KServe's and Triton's
-# Python clients, oldest and newest supported), holding exactly the pins of requirements-clients/NAME.txt
+# Python clients, oldest and newest supported), holding exactly the pins of requirements/clients/NAME.txt
 # (installed with --no-deps, by uv: scripts/venv-lib.sh), under build/venvs/client-NAME-<sha256 of the file>. Their pins (protobuf, numpy,
 # httpx) conflict with the project's .venv and with each other, hence one each. Prints "NAME PYTHON" per venv.
 # Cached: while a file is unchanged a second call only prints the path. A venv counts as complete only once its
@@ -11,11 +11,11 @@ cd "$(dirname "$0")/.."
 . scripts/venv-lib.sh
 PY=${PYTHON:-python3}
 if [ $# -eq 0 ]; then
-  set -- $(ls requirements-clients/*.txt | xargs -n1 basename | sed 's/\.txt$//')
+  set -- $(ls requirements/clients/*.txt | xargs -n1 basename | sed 's/\.txt$//')
 fi
 mkdir -p build/venvs
 for name in "$@"; do
-  REQ=requirements-clients/$name.txt
+  REQ=requirements/clients/$name.txt
   [ -f "$REQ" ] || { echo "client-venvs: $REQ: no such requirements file" >&2; exit 1; }
   hash=$(sha256sum "$REQ" | cut -c1-16)
   VENV=build/venvs/client-$name-$hash

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: scripts/kserve-storage-venv.sh [REQUIREMENTS]   (default requirements-kserve-storage.txt)
+# Usage: scripts/kserve-storage-venv.sh [REQUIREMENTS]   (default requirements/kserve-storage.txt)
 # Create a virtual environment holding exactly the pins of REQUIREMENTS (installed with --no-deps, by uv: scripts/venv-lib.sh) under
 # build/venvs/<name>-<sha256 of the file>, and print its python. Used for KServe's storage-initializer code (one
 # file per KServe version: their pins conflict with kfp's and with each other) and the loopback GCS emulator.
@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv-lib.sh
-REQ=${1:-requirements-kserve-storage.txt}
+REQ=${1:-requirements/kserve-storage.txt}
 PY=${PYTHON:-python3}
 [ -f "$REQ" ] || { echo "kserve-storage-venv: $REQ: no such requirements file" >&2; exit 1; }
 hash=$(sha256sum "$REQ" | cut -c1-16)

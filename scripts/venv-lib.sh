@@ -1,5 +1,5 @@
 # Sourced by scripts/bootstrap.sh, kfp-oldest-venv.sh, kserve-storage-venv.sh and client-venvs.sh: how a virtual
-# environment is created and filled. uv (pinned in requirements-test.txt, installed into .venv by bootstrap.sh)
+# environment is created and filled. uv (pinned in requirements/test.lock, installed into .venv by bootstrap.sh)
 # installs the pinned sets several times faster than pip; pip is the fallback only where no uv is found.
 
 # The uv to use: $UV, else .venv's, else one on PATH; empty when there is none.

@@ -1,7 +1,8 @@
 """The locks agree with pyproject.toml, the one declaration of the project's dependencies: every generated lock
 carries the command that wrote it (scripts/lock.sh), pins each package it must hold exactly, and holds every
 dependency declared for what it covers at the version declared. The side-environment fixtures are marked
-hand-pinned. Offline: reads files only."""
+hand-pinned. All of them live in requirements/, named for what they are: *.lock generated, *.txt hand-pinned.
+Offline: reads files only."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from packaging.requirements import Requirement
 
 from settings import REPO
 
-GENERATED = ("requirements.lock", "requirements-serving.lock", "requirements-test.txt", "requirements-bench.txt")
+REQUIREMENTS = REPO / "requirements"
+PRODUCT_LOCK = "requirements/product.lock"
+GENERATED = (PRODUCT_LOCK, "requirements/serving.lock", "requirements/test.lock", "requirements/bench.lock")
 GENERATORS = (("uv", "pip", "compile"), ("pip-compile",))
 HAND_PINNED_MARK = "Hand-pinned fixture"
 
@@ -102,14 +105,14 @@ def test_each_lock_is_generated_from_pyproject_and_agrees_with_it(name):
 
 @pytest.mark.parametrize("name", GENERATED)
 def test_scripts_lock_sh_writes_each_lock(name):
-    assert re.search(rf"^compile {re.escape(name)} ", (REPO / "scripts" / "lock.sh").read_text(), re.M)
+    assert re.search(rf"^\s*compile {re.escape(name)} ", (REPO / "scripts" / "lock.sh").read_text(), re.M)
 
 
 def test_shared_pins_of_the_locks_equal_the_product_lock():
-    product = parse_lock((REPO / "requirements.lock").read_text()).pins
+    product = parse_lock((REPO / PRODUCT_LOCK).read_text()).pins
     for name in GENERATED[1:]:
         for package, version in parse_lock((REPO / name).read_text()).pins.items():
-            assert product.get(package, version) == version, f"{name}: {package}=={version} vs requirements.lock"
+            assert product.get(package, version) == version, f"{name}: {package}=={version} vs {PRODUCT_LOCK}"
 
 
 def test_every_declared_dependency_is_pinned_exactly_except_protobuf_range():
@@ -126,9 +129,15 @@ def test_bench_package_declares_the_bench_extra():
     assert sorted(map(str, map(Requirement, root))) == sorted(map(str, map(Requirement, bench)))
 
 
+def test_requirement_files_live_in_one_folder_and_the_suffix_says_generated_or_hand_pinned():
+    assert [p.name for p in REPO.glob("requirements*") if p != REQUIREMENTS] == []
+    files = [p for p in REQUIREMENTS.rglob("*") if p.is_file()]
+    assert {p.suffix for p in files} == {".lock", ".txt"}
+    assert sorted(p.relative_to(REPO).as_posix() for p in files if p.suffix == ".lock") == sorted(GENERATED)
+
+
 def test_side_environment_pins_are_marked_hand_pinned():
-    fixtures = [p for p in [*REPO.glob("requirements*.txt"), *(REPO / "requirements-clients").glob("*.txt")]
-                if p.name not in GENERATED]
+    fixtures = sorted(REQUIREMENTS.rglob("*.txt"))
     assert len(fixtures) >= 8
     for path in fixtures:
         lock = parse_lock(path.read_text())
