@@ -78,7 +78,8 @@ def _compile(stubs: StubPackage, sources: Mapping[str, bytes], includes: Sequenc
         (src / package_path / f"{name}.proto").write_bytes(sources[name])
     well_known = Path(protoc.__file__).resolve().parent / "_proto"
     args = ["grpc_tools.protoc", f"-I{src}", *(f"-I{path}" for path in includes), f"-I{well_known}",
-            f"--python_out={out}", f"--grpc_python_out={out}", *(f"{package_path}/{name}.proto" for name in stubs.protos)]
+            f"--python_out={out}", f"--grpc_python_out={out}",
+            *(f"{package_path}/{name}.proto" for name in stubs.protos)]
     if protoc.main(args) != 0:
         raise StubError(f"grpc_tools.protoc failed on {origin}")
     return out / package_path
