@@ -1,6 +1,6 @@
 """KServe's and Triton's own Python clients against the serving image, run as the ServingRuntime describes it.
 
-Each client (oldest and newest supported kserve and tritonclient, requirements-clients/) lives in its own
+Each client (oldest and newest supported kserve and tritonclient, requirements/clients/) lives in its own
 virtual environment (scripts/client-venvs.sh) and runs tests/support/client_probe.py, which sends the same
 ten digits every way that client can: KServe v1 base64 instances, v2 BYTES (raw and base64), FP32 as JSON
 and binary, UINT8, with JSON, binary and mixed outputs. Every way must give the offline service's answers.
@@ -27,7 +27,7 @@ ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
 
 PROBE = Path(__file__).resolve().parents[1] / "support" / "client_probe.py"
-CLIENTS = sorted(p.stem for p in (REPO / "requirements-clients").glob("*.txt"))
+CLIENTS = sorted(p.stem for p in (REPO / "requirements" / "clients").glob("*.txt"))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Open Inference gRPC (KServe grpc-v2) of the serving image, run as the ServingRuntime runs it for an
 InferenceService with protocolVersion grpc-v2 (predictor ports: h2c 8081), called with KServe's own
-InferenceGRPCClient from the oldest and newest supported kserve (requirements-clients/kserve-*.txt).
+InferenceGRPCClient from the oldest and newest supported kserve (requirements/clients/kserve-*.txt).
 
 Health without a key, ModelMetadata declaring the typed outputs, ModelInfer with BYTES images and FP32 pixels
 (raw_input_contents and typed contents) giving the REST v2 answers, and refusals as gRPC statuses: no key or a
@@ -29,7 +29,7 @@ ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
 
 PROBE = Path(__file__).resolve().parents[1] / "support" / "grpc_probe.py"
-CLIENTS = sorted(p.stem for p in (REPO / "requirements-clients").glob("kserve-*.txt"))
+CLIENTS = sorted(p.stem for p in (REPO / "requirements" / "clients").glob("kserve-*.txt"))
 TYPED = ("label", "distance", "confidence", "unknown", "neighbour_labels", "neighbour_distances")
 
 

@@ -1,5 +1,5 @@
 """The compiled package parses, strictly, with the protobuf messages of the oldest supported Kubeflow Pipelines
-backend (requirements-kfp-oldest.txt, in build/kfp-oldest-venv) and with the newest (.venv's kfp-kubernetes and
+backend (requirements/kfp-oldest.txt, in build/kfp-oldest-venv) and with the newest (.venv's kfp-kubernetes and
 kfp-pipeline-spec), as the backend's API server and driver parse it; opt-in features are refused by the oldest.
 
 Each environment parses through tests/support/kfp_strict_parse.py in a subprocess of its own interpreter
@@ -127,7 +127,7 @@ def _failed(results: dict[str, str | None]) -> dict[str, str]:
 
 def test_the_oldest_environment_holds_the_pinned_messages(oldest):
     versions, _ = oldest
-    pins = dict(re.findall(r"^([a-z-]+)==(\S+)$", (REPO / "requirements-kfp-oldest.txt").read_text(), re.M))
+    pins = dict(re.findall(r"^([a-z-]+)==(\S+)$", (REPO / "requirements" / "kfp-oldest.txt").read_text(), re.M))
     assert versions == {name: pins[name] for name in versions}
     assert versions["kfp-kubernetes"].startswith("1.") and versions["protobuf"].startswith("4.")
 

@@ -242,7 +242,7 @@ def post(url: str, body: dict | bytes, key: str | None, content_type: str = "app
 
 
 def client_pythons(*names: str) -> dict[str, str]:
-    """{client name: the python of its venv} for requirements-clients/NAME.txt (all without names), made or found
+    """{client name: the python of its venv} for requirements/clients/NAME.txt (all without names), made or found
     cached by scripts/client-venvs.sh."""
     result = subprocess.run([str(REPO / "scripts" / "client-venvs.sh"), *names], capture_output=True, text=True,
                             timeout=1200)

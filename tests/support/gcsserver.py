@@ -1,6 +1,6 @@
 """A Google Cloud Storage JSON API server on loopback for the storage tests: gcp-storage-emulator, a pip package
 that serves the paths google-cloud-storage calls (bucket and object listing, media download, uploads), in memory,
-as its own process from its own environment (requirements-gcs-emulator.txt). google-cloud-storage talks to it
+as its own process from its own environment (requirements/gcs-emulator.txt). google-cloud-storage talks to it
 through its documented STORAGE_EMULATOR_HOST variable, with anonymous credentials."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Iterator
 from serving.server import free_ports
 from support.venvs import venv_python
 
-REQUIREMENTS = "requirements-gcs-emulator.txt"
+REQUIREMENTS = "requirements/gcs-emulator.txt"
 
 
 @contextmanager

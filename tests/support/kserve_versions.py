@@ -44,11 +44,11 @@ _S3_ENV_0_13 = frozenset({"AWS_ENDPOINT_URL", "AWS_CA_BUNDLE", "S3_VERIFY_SSL", 
                           "S3_USE_ACCELERATE"})
 
 OLDEST = KServeStorage(
-    "0.13.1", "requirements-kserve-storage-0.13.txt", "kserve", "kserve.storage", "kserve/storage/storage.py",
+    "0.13.1", "requirements/kserve-storage-0.13.txt", "kserve", "kserve.storage", "kserve/storage/storage.py",
     "kserve/kserve python/kserve/kserve/storage/storage.py at tag v0.13.1 (inside the kserve package)",
     _S3_ENV_0_13, _STORAGE_CONFIG)
 NEWEST = KServeStorage(
-    "0.21.0", "requirements-kserve-storage.txt", "kserve-storage", "kserve_storage", "kserve_storage/kserve_storage.py",
+    "0.21.0", "requirements/kserve-storage.txt", "kserve-storage", "kserve_storage", "kserve_storage/kserve_storage.py",
     "kserve_storage/kserve_storage.py in the kserve-storage 0.21.0 wheel (python/storage/ in kserve/kserve)",
     _S3_ENV_0_13 | {"AWS_DEFAULT_REGION", "S3_CONNECT_TIMEOUT", "S3_READ_TIMEOUT", "S3_MAX_ATTEMPTS",
                     "S3_MAX_FILE_CONCURRENCY"},

@@ -6,7 +6,7 @@
     serving
     handler, training      (one layer: training builds on handler's preprocessing and search)
     torchserve_api         (TorchServe's management API, key file and errors, shared by client and serving)
-    settings, cli_common, owned_paths   (standard library and PyYAML only)
+    settings, cli_common, owned_paths, grpc_codegen   (standard library and PyYAML only)
 
 Every import is read from the source (ast), the lazy ones inside functions included.
 """
@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("serving",),
     ("handler", "training"),
     ("torchserve_api",),
-    ("settings", "cli_common", "owned_paths"),
+    ("settings", "cli_common", "owned_paths", "grpc_codegen"),
 )
 LEVEL = {name: depth for depth, names in enumerate(LAYERS) for name in names}
 
