@@ -16,8 +16,17 @@ about four times as much to build): treat them as values, and make changed copie
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Callable, Iterator
+
+
+#: Why an answer is ``unknown`` (its ``reason``): no ink in the image; several digits side by side in it; unlike
+#: every class of the gallery (the open-set score above the threshold); no neighbour found (an approximate index).
+NO_INK = "no_ink"
+SEVERAL_DIGITS = "several_digits"
+UNLIKE_ANY_CLASS = "unlike_any_class"
+NO_NEIGHBOURS = "no_neighbours"
+REASONS = (NO_INK, SEVERAL_DIGITS, UNLIKE_ANY_CLASS, NO_NEIGHBOURS)
 
 
 class AnswerError(ValueError):
@@ -73,18 +82,35 @@ class Neighbour:
 
 @dataclass(slots=True, eq=False, kw_only=True)
 class Answer(_JsonView):
-    """The answer for one image. ``pred``: the label answered (None without neighbours); ``dist``: distance to the
-    nearest gallery item; ``confidence``: ``pred``'s share of the k-NN vote's weight; ``unknown``: the image is not
-    like the gallery (open-set score above the threshold, or no ink); ``neighbours``: the k nearest gallery items.
-    With the embedding option the answer carries the ``embedding`` vector; ``model_version`` is the archive's."""
+    """The answer for one image. ``pred``: the label answered, None when ``unknown``; ``dist``: distance to the
+    nearest gallery item; ``confidence``: ``pred``'s share of the k-NN vote's weight, 0 when ``unknown``;
+    ``unknown``: no label is answered, ``reason`` says why (:data:`REASONS`; None when answered);
+    ``nearest_label``: the label the neighbours vote for, answered or not; ``neighbours``: the k nearest gallery
+    items. With the embedding option the answer carries the ``embedding`` vector; ``model_version`` is the
+    archive's. Build one with :meth:`of_vote`, so that an unknown answer never carries a label or a confidence."""
 
     pred: str | None
     dist: float | None
     confidence: float
     unknown: bool
+    reason: str | None = None
+    nearest_label: str | None = None
     neighbours: tuple[Neighbour, ...]
     embedding: tuple[float, ...] | None = field(default=None, metadata={"omit_none": True, "table": False})
     model_version: str | None = field(default=None, metadata={"omit_none": True, "table": False})
+
+    @classmethod
+    def of_vote(cls, label: str | None, share: float, dist: float | None, neighbours: tuple[Neighbour, ...],
+                reason: str | None = None) -> "Answer":
+        """The answer for the vote's ``label`` and its ``share`` of the weight; with a ``reason`` it is unknown."""
+        if reason is not None:
+            return cls(pred=None, dist=dist, confidence=0.0, unknown=True, reason=reason, nearest_label=label,
+                       neighbours=neighbours)
+        return cls(pred=label, dist=dist, confidence=share, unknown=False, nearest_label=label, neighbours=neighbours)
+
+    def as_unknown(self, reason: str) -> "Answer":
+        """This answer made unknown for ``reason`` (it replaces an earlier one: the image's own fault comes first)."""
+        return replace(self, pred=None, confidence=0.0, unknown=True, reason=reason)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object served, keys in declaration order (absent options left out)."""
@@ -109,6 +135,7 @@ class Answer(_JsonView):
         if not isinstance(values["neighbours"], list):
             raise AnswerError(f"neighbours is not a list: {str(values['neighbours'])[:80]!r}")
         values["neighbours"] = tuple(Neighbour.from_json(n) for n in values["neighbours"])
+        values.setdefault("nearest_label", values["pred"])  # a server from before nearest_label: pred was the vote
         if values.get("embedding") is not None:
             values["embedding"] = tuple(values["embedding"])
         return cls(**values)
@@ -168,6 +195,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("distance", "FP32", (), lambda a: a.dist, None),
     Column("confidence", "FP32", (), lambda a: a.confidence, None),
     Column("unknown", "BOOL", (), lambda a: a.unknown, True),
+    Column("reason", "BYTES", (), lambda a: a.reason or "", ""),
+    Column("nearest_label", "BYTES", (), lambda a: a.nearest_label or "", ""),
     Column("neighbour_labels", "BYTES", (-1,), lambda a: [n.label for n in a.neighbours], ""),
     Column("neighbour_distances", "FP32", (-1,), lambda a: [n.dist for n in a.neighbours], None),
 )

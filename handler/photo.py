@@ -57,6 +57,13 @@ BOX_INK = 0.2
 SATURATED_SHARE = 0.4
 #: Canvas pixels above this count as ink for that share (the anti-aliased fringe is lower).
 TONE_INK = 0.05
+#: :func:`several`: a mark is an ink component holding at least this share of the ink's mass; marks closer than
+#: this share of the tallest mark's height in columns belong to one digit; a digit is digit-sized at this share of
+#: the tallest one's height or more, and two stand on one line when their rows overlap by this share of the shorter.
+MARK_SHARE = 0.1
+DIGIT_GAP = 0.1
+DIGIT_HEIGHT = 0.5
+SAME_LINE = 0.5
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,54 @@ def _light_background(gray: np.ndarray) -> bool:
     centre = gray[h // 4 : h - h // 4 or h, w // 4 : w - w // 4 or w]
     lo, hi = np.percentile(gray[::2, ::2], (0.5, 99.5))
     return float(np.median(centre[::2, ::2])) > (lo + hi) / 2
+
+
+def several(boxes: list[tuple[slice, slice]], mass: np.ndarray) -> bool:
+    """Whether ink components (their boxes and masses) hold several digits side by side: marks grouped by the
+    columns they span (a gap narrower than DIGIT_GAP joins them), two digit-sized groups on one line ("42" written
+    with a gap). A single digit broken into parts is one group: its parts share columns or nearly touch."""
+    total = float(np.sum(mass))
+    marks = sorted((box for box, m in zip(boxes, mass) if total > 0 and m >= MARK_SHARE * total),
+                   key=lambda box: box[1].start)
+    if len(marks) < 2:
+        return False
+    gap = DIGIT_GAP * max(rows.stop - rows.start for rows, _ in marks)
+    groups: list[list[int]] = []  # [top, bottom, left, right] of each column group, left to right
+    for rows, cols in marks:
+        if groups and cols.start < groups[-1][3] + gap:
+            group = groups[-1]
+            group[:] = [min(group[0], rows.start), max(group[1], rows.stop), group[2], max(group[3], cols.stop)]
+        else:
+            groups.append([rows.start, rows.stop, cols.start, cols.stop])
+    tallest = max(bottom - top for top, bottom, _, _ in groups)
+    digits = [(top, bottom) for top, bottom, _, _ in groups if bottom - top >= DIGIT_HEIGHT * tallest]
+    return any(min(b1, b2) - max(t1, t2) >= SAME_LINE * min(b1 - t1, b2 - t2)
+               for i, (t1, b1) in enumerate(digits) for t2, b2 in digits[i + 1:])
+
+
+def picture_several(gray: np.ndarray) -> bool:
+    """:func:`several` for a clean picture (the version 1 path), whose ink is what that path crops to (beyond a
+    fifth of the range from the background's level); its marks are the runs of columns holding ink. Most pictures
+    hold one run and cost two reductions over the image."""
+    lo, hi = gray.min(), gray.max()
+    if float(hi) - float(lo) < 1e-6:
+        return False
+    border = np.concatenate([gray[0], gray[-1], gray[:, 0], gray[:, -1]])
+    light = float(np.partition(border, border.size // 2)[border.size // 2]) > (float(lo) + float(hi)) / 2
+    level = float(lo) + ((1 - BOX_INK) if light else BOX_INK) * (float(hi) - float(lo))
+    if gray.dtype == np.uint8:  # the same test in integers: g < x is g < ceil(x), g > x is g > floor(x)
+        level = int(np.ceil(level)) if light else int(np.floor(level))
+    cols = np.flatnonzero(gray.min(axis=0) < level if light else gray.max(axis=0) > level)
+    breaks = np.flatnonzero(np.diff(cols) > 1)
+    if breaks.size == 0:  # one run of columns: one mark
+        return False
+    boxes, mass = [], []
+    for start, stop in zip(cols[np.r_[0, breaks + 1]], cols[np.r_[breaks, cols.size - 1]] + 1):
+        part = gray[:, start:stop] < level if light else gray[:, start:stop] > level
+        rows = np.flatnonzero(part.any(axis=1))
+        boxes.append((slice(int(rows[0]), int(rows[-1]) + 1), slice(int(start), int(stop))))
+        mass.append(float(np.count_nonzero(part)))
+    return several(boxes, np.asarray(mass))
 
 
 def window(shape: tuple[int, int]) -> int:
@@ -147,7 +202,13 @@ def ink_map(work: np.ndarray, pad_frame: bool = True) -> np.ndarray:
 def digit_ink(gray: np.ndarray, recipe: Recipe = V3) -> np.ndarray | None:
     """The digit of a photo or scan as a float32 crop of its ink (0 background, 1 the strongest stroke), or None
     when nothing stands out of the noise."""
-    return _find_digit(ink_map(_work_image(gray), recipe.pad_frame), recipe.drop_outlines)
+    return find_digit(gray, recipe)[0]
+
+
+def find_digit(gray: np.ndarray, recipe: Recipe = V3, count: bool = False) -> tuple[np.ndarray | None, bool]:
+    """:func:`digit_ink`'s crop and, with ``count``, whether several digits stand side by side (:func:`several`)
+    among the marks it chose from (the same ink map: no second pass over the photo)."""
+    return _find_digit(ink_map(_work_image(gray), recipe.pad_frame), recipe.drop_outlines, count)
 
 
 def _without_outlines(candidates: np.ndarray, boxes: list, area: np.ndarray) -> np.ndarray:
@@ -168,30 +229,40 @@ def _without_outlines(candidates: np.ndarray, boxes: list, area: np.ndarray) -> 
     return kept if kept.size else candidates
 
 
-def _find_digit(ink: np.ndarray, drop_outlines: bool = True) -> np.ndarray | None:
-    """From an ink map: the digit's ink crop (0..1); None without ink."""
+def _find_digit(ink: np.ndarray, drop_outlines: bool = True, count: bool = False
+                ) -> tuple[np.ndarray | None, bool]:
+    """From an ink map: the digit's ink crop (0..1), None without ink; and with ``count`` whether the candidate
+    marks hold several digits side by side."""
     smooth = ndimage.gaussian_filter(ink, 0.8)
     peak = float(smooth.max())
     sample = smooth[::3, ::3]  # the paper's level and noise in the ink map: median and median absolute deviation
     paper = float(np.median(sample))
     noise = 1.4826 * float(np.median(np.abs(sample - paper)))
     if peak - paper < MIN_CONTRAST:
-        return None
+        return None, False
     level = max(INK_SHARE * peak, paper + NOISE_SIGMAS * noise)
     if level >= peak:
-        return None
-    labels, count = ndimage.label(smooth > level, structure=np.ones((3, 3)))
-    if count == 0:
-        return None
-    index = np.arange(1, count + 1)
+        return None, False
+    labels, n = ndimage.label(smooth > level, structure=np.ones((3, 3)))
+    if n == 0:
+        return None, False
+    index = np.arange(1, n + 1)
     mass = ndimage.sum_labels(smooth, labels, index)
     boxes = ndimage.find_objects(labels)
     h, w = labels.shape
     inner = np.array([box[0].start > 0 and box[1].start > 0 and box[0].stop < h and box[1].stop < w
                       for box in boxes])
-    candidates = np.flatnonzero(inner) if inner.any() else np.arange(count)
+    candidates = np.flatnonzero(inner) if inner.any() else np.arange(n)
     if drop_outlines:
         candidates = _without_outlines(candidates, boxes, ndimage.sum_labels(np.ones_like(smooth), labels, index))
+    crowded = count and several([boxes[i] for i in candidates], mass[candidates])
+    return _digit_crop(ink, labels, candidates, mass, boxes, paper + 3.0 * noise, drop_outlines), crowded
+
+
+def _digit_crop(ink: np.ndarray, labels: np.ndarray, candidates: np.ndarray, mass: np.ndarray, boxes: list,
+                floor: float, drop_outlines: bool) -> np.ndarray:
+    """The heaviest candidate with the fragments close to it, as a 0..1 crop of the ink."""
+    h, w = labels.shape
     main = int(candidates[np.argmax(mass[candidates])])
     top, bottom = boxes[main][0].start, boxes[main][0].stop
     left, right = boxes[main][1].start, boxes[main][1].stop
@@ -222,7 +293,6 @@ def _find_digit(ink: np.ndarray, drop_outlines: bool = True) -> np.ndarray | Non
     bottom, right = min(h, bottom + pad), min(w, right + pad)
     near = ndimage.distance_transform_edt(~np.isin(labels[top:bottom, left:right], np.array(sorted(keep)) + 1)) <= pad
     strokes = ink[top:bottom, left:right] * near
-    floor = paper + 3.0 * noise
     strongest = float(np.percentile(strokes[near], 99))
     crop = np.clip((strokes - floor) / max(strongest - floor, 1e-6), 0.0, 1.0).astype(np.float32)
     # The box as version 1 takes it on a clean picture: where the ink is above a fifth of its range.

@@ -20,22 +20,19 @@ the whole frame (fitted into 28x28, aspect kept) and only turns a light backgrou
 model's metadata.json records its profile and version (:data:`PROFILES`); the handler applies the
 one recorded and refuses one it does not know.
 
-This module imports only numpy, Pillow and (through handler/photo.py) scipy, so that it can be packed into the model archive and
-imported by the handler without the training code.
-
-Speed without a second code path: 8-bit images are handled as uint8 up to the
-crop (:func:`_canvas_from_uint8`, bit-identical to the float32 steps above), and only
+This module imports only numpy, Pillow and (through handler/photo.py) scipy, so that it can be packed into the model
+archive and imported by the handler without the training code. Speed without a second code path: 8-bit images are
+handled as uint8 up to the crop (:func:`_canvas_from_uint8`, bit-identical to the float32 steps above), and only
 rotated images are copied by the EXIF step.
 
-JPEG luma: colour (YCbCr) JPEGs are decoded straight to grayscale (``draft("L")``: libjpeg
-returns its Y channel without chroma IDCT, upsampling or colour conversion, about 40% less
-time than decoding to RGB and converting, measured on 640x480 photos). Y equals the ITU-R 601
-luma that ``convert("L")`` computes from the decoded RGB up to that RGB's rounding, so a pixel
-moves by at most one level (more only where RGB clips). The tensor is then exactly the one the
-old path gives for that gray image: identical for most photos, a level or two off where the
-brightest pixel moved, more where a pixel at the ink threshold moves the crop.
-tests/unit/test_preprocessing_fast.py pins this down and bench.preprocess measures held-out accuracy
-both ways.
+JPEG luma: colour (YCbCr) JPEGs are decoded straight to grayscale (``draft("L")``: libjpeg returns its Y channel
+without chroma IDCT, upsampling or colour conversion, about 40% less time than decoding to RGB and converting, on
+640x480 photos). Y is the ITU-R 601 luma ``convert("L")`` computes up to the RGB's rounding, so a pixel moves by at
+most one level (more where RGB clips), and the crop only where a pixel at the ink threshold moves
+(tests/unit/test_preprocessing_fast.py pins this down; bench.preprocess measures held-out accuracy both ways).
+
+:meth:`Profile.read` also tells whether a digits image holds several digits side by side (:func:`photo.several`),
+from the same decoding and ink map; the canvas is the same with or without that look.
 """
 
 from __future__ import annotations
@@ -261,28 +258,34 @@ def _canvas_from_uint8(gray: np.ndarray) -> np.ndarray:
     return _place(levels.take(band[rows[0] : rows[-1] + 1]))
 
 
-def _photo_canvas(image: ImageInput, max_pixels: int, recipe: photo.Recipe) -> np.ndarray:
+def _photo_path(gray: np.ndarray, recipe: photo.Recipe, count: bool = False) -> tuple[np.ndarray, bool]:
     """Photos and scans (no flat background: noise, grain, lighting, shadow, table) have their light removed and
-    their digit found first (handler/photo.py); clean pictures get version 1's canvas."""
-    gray = _gray_array(image, max_pixels)
+    their digit found first (handler/photo.py); clean pictures get version 1's canvas. With ``count`` also whether
+    several digits stand side by side."""
     if photo.flat_background(gray):
-        return _version_1_canvas(gray)
-    ink = photo.digit_ink(gray, recipe)
+        return _version_1_canvas(gray), count and photo.picture_several(gray)
+    ink, several = photo.find_digit(gray, recipe, count)
     canvas = np.zeros((CANVAS, CANVAS), np.float32) if ink is None else _place(ink)
     if ink is not None and recipe.mnist_tone:
         canvas = photo.mnist_tone(canvas)
-    return np.round(canvas * 255.0).astype(np.uint8)
+    return np.round(canvas * 255.0).astype(np.uint8), several
+
+
+def _counted_v1(gray: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Version 1's canvas, and whether several digits stand side by side (photos looked at as version 3 does)."""
+    several = photo.picture_several(gray) if photo.flat_background(gray) else photo.find_digit(gray, count=True)[1]
+    return _version_1_canvas(gray), several
 
 
 def to_canvas_v2(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Version 2 of the digits canvas: the first photo path (:data:`photo.V2`)."""
-    return _photo_canvas(image, max_pixels, photo.V2)
+    return _photo_path(_gray_array(image, max_pixels), photo.V2)[0]
 
 
 def to_canvas_v3(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Version 3 of the digits canvas: the photo path with the frame padded, sheet outlines dropped and MNIST's
     tone (:data:`photo.V3`); clean pictures still get version 1's canvas."""
-    return _photo_canvas(image, max_pixels, photo.V3)
+    return _photo_path(_gray_array(image, max_pixels), photo.V3)[0]
 
 
 def is_blank(tensor: np.ndarray) -> bool:
@@ -345,6 +348,8 @@ class Profile:
     std: float
     #: The box the content is fitted into, for profiles that crop to it.
     box: int | None = None
+    #: Digits profiles: a grayscale array -> (the canvas, whether several digits stand side by side in it).
+    counted: Callable[[np.ndarray], tuple[np.ndarray, bool]] | None = None
 
     def normalize(self, canvases: np.ndarray) -> np.ndarray:
         """uint8 canvases (N, 28, 28) -> float32 model input (N, 1, 28, 28)."""
@@ -354,6 +359,13 @@ class Profile:
     def preprocess(self, image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
         """One image -> float32 (1, 28, 28): the exact tensor a model of this profile was trained on."""
         return self.normalize(self.canvas(image, max_pixels)[None])[0]
+
+    def read(self, image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[np.ndarray, bool]:
+        """:meth:`preprocess`'s tensor, from one decoding, and whether the image holds several digits side by side
+        (False for profiles that do not look)."""
+        gray = _gray_array(image, max_pixels)
+        canvas, several = self.counted(gray) if self.counted else (self.canvas(gray, max_pixels), False)
+        return self.normalize(canvas[None])[0], several
 
     def canvases_from_arrays(self, images: np.ndarray) -> np.ndarray:
         """Raw uint8 images (N, H, W) -> canvases (N, 28, 28), as training reads a dataset."""
@@ -369,11 +381,12 @@ class Profile:
 
 #: Digits as MNIST was made (crop to content, 20x20 box, centre of mass); MNIST statistics. Photos and scans have
 #: their light removed and their digit found first (handler/photo.py).
-DIGITS = Profile("digits", PREPROCESSING_VERSION, to_canvas_v3, MEAN, STD, BOX)
+DIGITS = Profile("digits", PREPROCESSING_VERSION, to_canvas_v3, MEAN, STD, BOX,
+                 lambda gray: _photo_path(gray, photo.V3, count=True))
 #: The digits profile before the photo path, for models built with it.
-DIGITS_V1 = Profile("digits", "1", to_canvas, MEAN, STD, BOX)
+DIGITS_V1 = Profile("digits", "1", to_canvas, MEAN, STD, BOX, _counted_v1)
 #: The first photo path, for models built with it.
-DIGITS_V2 = Profile("digits", "2", to_canvas_v2, MEAN, STD, BOX)
+DIGITS_V2 = Profile("digits", "2", to_canvas_v2, MEAN, STD, BOX, lambda gray: _photo_path(gray, photo.V2, count=True))
 #: Whole frame kept; the customary Fashion-MNIST training-set statistics.
 FULL_FRAME = Profile("full-frame", "1", to_full_frame, 0.2860, 0.3530)
 #: The profile new models are built with, by name.

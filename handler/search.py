@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import faiss
 import numpy as np
 
-from .answer import Answer, Neighbour
+from .answer import NO_NEIGHBOURS, UNLIKE_ANY_CLASS, Answer, Neighbour
 
 DEFAULT_K = 5
 #: metadata.json's section holding the enrolled-class switch (:class:`EnrolledSwitch`); written by
@@ -139,8 +139,9 @@ class GallerySearcher:
 
     Distances are Euclidean (0 = identical, 2 = opposite on the unit sphere). The vote weights
     each neighbour by 1/(distance + eps); ``confidence`` is the winning label's share of the
-    weight; ``unknown`` is set when the open-set score (:func:`open_set_score`: by default the nearest
-    neighbour's distance) exceeds ``threshold``. With an :class:`EnrolledSwitch` (``switch``), where the vote
+    weight; the answer is ``unknown`` (no ``pred``, reason ``unlike_any_class``, the vote's label kept as
+    ``nearest_label``) when the open-set score (:func:`open_set_score`: by default the nearest neighbour's distance)
+    exceeds ``threshold``. With an :class:`EnrolledSwitch` (``switch``), where the vote
     answers a trained class and the switch fires, ``pred`` is the enrolled class it chooses (``confidence`` stays
     that label's share of the vote's weight, which may be 0); without one, answers are the vote's.
     """
@@ -257,7 +258,7 @@ class GallerySearcher:
         text = self._label_text
         hits = [(text[i], d) for i, d in zip(ids.tolist(), distances.tolist()) if i >= 0]
         if not hits:
-            return Answer(pred=None, dist=None, confidence=0.0, unknown=True, neighbours=())
+            return Answer.of_vote(None, 0.0, None, (), NO_NEIGHBOURS)
         labels = [label for label, _ in hits]
         weights: dict[str, float] = {}
         for label, dist in hits:
@@ -266,10 +267,7 @@ class GallerySearcher:
         pred = max(weights, key=lambda lab: (weights[lab], -labels.index(lab)))
         if switch_to is not None and (self._switch is None or pred not in self._switch.enrolled):
             pred = switch_to
-        return Answer(
-            pred=pred,
-            dist=round(hits[0][1], 6),
-            confidence=round(weights.get(pred, 0.0) / sum(weights.values()), 6),
-            unknown=bool(self.threshold is not None and score > self.threshold),
-            neighbours=tuple(Neighbour(label, round(dist, 6)) for label, dist in hits),
-        )
+        unknown = self.threshold is not None and score > self.threshold
+        return Answer.of_vote(pred, round(weights.get(pred, 0.0) / sum(weights.values()), 6), round(hits[0][1], 6),
+                              tuple(Neighbour(label, round(dist, 6)) for label, dist in hits),
+                              UNLIKE_ANY_CLASS if unknown else None)

@@ -24,7 +24,7 @@ from .artifacts import (
     read_sources,
     verify_artifacts,
 )
-from .answer import Answer, Refusal, Result
+from .answer import NO_INK, SEVERAL_DIGITS, Answer, Refusal, Result
 from .preprocessing import DEFAULT_MAX_PIXELS, InvalidImageError, ProfileError, is_blank, profile_of
 from .requests import RequestError
 from .search import GallerySearcher
@@ -112,11 +112,13 @@ class BatchTimings:
 
 @dataclass
 class Prepared:
-    """A batch after preprocessing: answers so far (errors for refused payloads), tensors of the good ones."""
+    """A batch after preprocessing: answers so far (errors for refused payloads), tensors of the good ones, and
+    which payloads hold several digits side by side."""
 
     answers: list[Result | None]
     good: list[int] = field(default_factory=list)
     tensors: list[np.ndarray] = field(default_factory=list)
+    several: set[int] = field(default_factory=set)
     timings: BatchTimings = field(default_factory=BatchTimings)
 
 
@@ -202,16 +204,20 @@ class EmbeddingService:
             return self.model(x).float().cpu().numpy()
 
     def prepare(self, payloads: Sequence[bytes | np.ndarray | RequestError]) -> Prepared:
-        """Stage 1, preprocessing: each payload (image bytes, or a 2-D uint8 image) to the training tensor; a bad
-        one gets its error answer here and takes no part in the later stages."""
+        """Stage 1, preprocessing: each payload (image bytes, or a 2-D uint8 image) to the training tensor, and
+        whether it is blank or holds several digits; a bad one gets its error answer here and takes no part in the
+        later stages."""
         prepared = Prepared([None] * len(payloads))
         started = time.perf_counter()
         for i, payload in enumerate(payloads):
             try:
                 if isinstance(payload, RequestError):
                     raise payload
-                prepared.tensors.append(self.profile.preprocess(payload, self.max_pixels))
+                tensor, several = self.profile.read(payload, self.max_pixels)
+                prepared.tensors.append(tensor)
                 prepared.good.append(i)
+                if several:
+                    prepared.several.add(i)
             except (RequestError, InvalidImageError) as exc:
                 prepared.answers[i] = Refusal.of(exc)
                 prepared.timings.rejected += 1
@@ -244,8 +250,10 @@ class EmbeddingService:
                            for d, g, score, to in zip(distances, ids, scores, switched)]
             timings.search = time.perf_counter() - started
             for row, (i, tensor, result) in enumerate(zip(prepared.good, prepared.tensors, results)):
-                if is_blank(tensor):  # nothing to recognise: never a confident answer
-                    result = replace(result, unknown=True)
+                # Nothing to recognise, or more than one digit: never answered as one.
+                reason = NO_INK if is_blank(tensor) else SEVERAL_DIGITS if i in prepared.several else None
+                if reason is not None:
+                    result = result.as_unknown(reason)
                 if embedding is not None and embedding[i]:
                     result = with_embedding(result, embeddings[row], ids[row], self.sources)
                 answers[i] = result

@@ -94,10 +94,11 @@ def confusion_matrix(truth: np.ndarray, pred: np.ndarray, n_classes: int) -> np.
 
 
 def evaluate(searcher: GallerySearcher, test_embeddings: np.ndarray, test_labels: np.ndarray, classes: Sequence[str]) -> dict:
-    """Accuracy, per-class precision/recall and confusion matrix using the serving searcher."""
+    """Accuracy, per-class precision/recall and confusion matrix using the serving searcher (closed-set: the label
+    the neighbours vote for, answered or flagged unknown)."""
     answers = searcher.classify(test_embeddings)
     position = {name: i for i, name in enumerate(classes)}
-    pred = np.array([position[a.pred] for a in answers])
+    pred = np.array([position[a.nearest_label] for a in answers])
     matrix = confusion_matrix(test_labels, pred, len(classes))
     tp = np.diag(matrix).astype(float)
     precision = np.divide(tp, matrix.sum(axis=0), out=np.zeros_like(tp), where=matrix.sum(axis=0) > 0)
@@ -248,19 +249,26 @@ def model_inputs(profile: Profile, images: "np.ndarray | Sequence[ImageInput]",
     return np.stack([profile.preprocess(image, max_pixels) for image in images])
 
 
+def served_inputs(profile: Profile, images: "np.ndarray | Sequence[ImageInput]",
+                  max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`model_inputs` and, per image, whether the service answers it unknown whatever the model says: no
+    ink, or several digits side by side (``Profile.read``)."""
+    from handler.preprocessing import is_blank
+
+    read = [profile.read(image, max_pixels) for image in images]
+    tensors = np.stack([t for t, _ in read]) if read else np.zeros((0, 1, 28, 28), np.float32)
+    return tensors, np.array([several or is_blank(t) for t, several in read], dtype=bool)
+
+
 def open_set_scores(service: "EmbeddingService", images: "np.ndarray | Sequence[ImageInput]",
                     batch: int = 1024) -> np.ndarray:
     """The served open-set score of images (see :func:`model_inputs`: raw uint8 (N, H, W), or encoded files and
-    arrays of any size): the serving preprocessing, model and searcher of an EmbeddingService; +inf for blank
-    inputs, which the service always answers as unknown."""
-    from handler.preprocessing import is_blank
-
+    arrays of any size): the serving preprocessing, model and searcher of an EmbeddingService; +inf for inputs
+    without ink or with several digits, which the service always answers as unknown."""
     out = []
     for start in range(0, len(images), batch):
-        tensors = model_inputs(service.profile, images[start : start + batch], service.max_pixels)
-        scores = service.searcher.scores(service.embed(tensors))
-        blank = np.array([is_blank(t) for t in tensors], dtype=bool)
-        out.append(np.where(blank, np.inf, scores))
+        tensors, unanswerable = served_inputs(service.profile, images[start : start + batch], service.max_pixels)
+        out.append(np.where(unanswerable, np.inf, service.searcher.scores(service.embed(tensors))))
     return np.concatenate(out) if out else np.zeros(0)
 
 
@@ -278,7 +286,6 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
     import platform
     from datetime import datetime, timezone
 
-    from handler.preprocessing import is_blank
     from handler.service import EmbeddingService
 
     from .data import load_dataset
@@ -297,12 +304,11 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
         raise ValueError(f"{data_source}: classes differ from the ones the artifacts were trained on")
     if threshold is None:
         raise ValueError(f"{artifacts}: metadata.json records no open-set threshold")
-    tensors = service.profile.normalize(service.profile.canvases_from_arrays(dataset.test_images))
+    tensors, unanswerable = served_inputs(service.profile, dataset.test_images)
     embeddings = service.embed(tensors)
     answers = searcher.classify(embeddings)
-    accuracy = float(np.mean([a.pred == dataset.classes[y] for a, y in zip(answers, dataset.test_labels)]))
-    blank = np.array([is_blank(t) for t in tensors], dtype=bool)
-    digit_scores = np.where(blank, np.inf, searcher.scores(embeddings))
+    accuracy = float(np.mean([a.nearest_label == dataset.classes[y] for a, y in zip(answers, dataset.test_labels)]))
+    digit_scores = np.where(unanswerable, np.inf, searcher.scores(embeddings))
     accepted = digit_scores <= threshold
     result = {
         "artifacts": str(artifacts),
@@ -330,7 +336,7 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
 
 
 def _flagged(scores: np.ndarray, digit_scores: np.ndarray, threshold: float) -> dict:
-    """n, AUROC against the digits, share flagged unknown, and the share of those that preprocessing left blank
-    (no ink: always unknown, whatever the model)."""
+    """n, AUROC against the digits, share flagged unknown, and the share of those that preprocessing left blank or
+    found several digits in (``blank``: always unknown, whatever the model)."""
     return {"n": int(len(scores)), "auroc": auroc(scores, digit_scores), "flagged": float(np.mean(scores > threshold)),
             "blank": float(np.mean(np.isinf(scores)))}

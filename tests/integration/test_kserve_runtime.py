@@ -243,7 +243,8 @@ def test_v2_metadata_declares_the_typed_outputs(gateway):
     assert status == 200
     assert {o["name"]: (o["datatype"], o["shape"]) for o in meta["outputs"]} == {
         "label": ("BYTES", [-1]), "distance": ("FP32", [-1]), "confidence": ("FP32", [-1]),
-        "unknown": ("BOOL", [-1]), "neighbour_labels": ("BYTES", [-1, -1]),
+        "unknown": ("BOOL", [-1]), "reason": ("BYTES", [-1]), "nearest_label": ("BYTES", [-1]),
+        "neighbour_labels": ("BYTES", [-1, -1]),
         "neighbour_distances": ("FP32", [-1, -1]), "embedding": ("FP32", [-1, -1]),
         "neighbour_ids": ("INT64", [-1, -1]), "error": ("BYTES", [-1])}
     assert {i["datatype"] for i in meta["inputs"]} == {"BYTES", "FP32", "UINT8"}

@@ -12,7 +12,7 @@ import torch
 from serving.samples import user_digit_png
 from support.handler_context import run_batch
 
-from handler.answer import Answer
+from handler.answer import TABLE_KEYS, Answer
 from handler.artifacts import LABELS_FILE, METADATA_FILE, MODEL_FILE, SOURCES_FILE
 from handler.preprocessing import canvases_from_arrays, preprocess
 from handler.protocols import read_row
@@ -154,7 +154,7 @@ def test_option_off_gives_exactly_the_answers_of_before(service, pngs):
     off, _ = service.answer(pngs)
     off_explicit, _ = service.answer(pngs, [False] * len(pngs))
     assert off == off_explicit == before
-    assert all(set(a) == {"pred", "dist", "confidence", "unknown", "neighbours"} for a in off)
+    assert all(set(a) == set(TABLE_KEYS) for a in off)
     assert all(set(n) == {"label", "dist"} for a in off for n in a["neighbours"])
 
 

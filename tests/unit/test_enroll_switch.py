@@ -128,8 +128,9 @@ def test_served_answers_differ_from_the_vote_only_where_the_switch_fires(enrolle
         if fired[i] is None:
             assert got == expected
         else:
-            assert got["pred"] == "box" and {k: v for k, v in got.items() if k not in ("pred", "confidence")} == \
-                {k: v for k, v in expected.items() if k not in ("pred", "confidence")}
+            changed = ("pred", "nearest_label", "confidence")
+            assert got["pred"] == "box" and {k: v for k, v in got.items() if k not in changed} == \
+                {k: v for k, v in expected.items() if k not in changed}
 
 
 def test_enrolling_only_existing_classes_records_no_switch(tiny_artifacts, tmp_path):
@@ -182,4 +183,4 @@ def test_the_report_answers_each_case_as_served(enrolled, calibration_embeddings
     served = searcher.classify(queries)
     cases = [_case(searcher, i, "0", distances[i], ids[i], scores[i], False, switched[i]) for i in range(len(queries))]
     assert any(c.pred == "box" for c in cases)
-    assert [c.pred for c in cases] == [a["pred"] for a in served]
+    assert [c.pred for c in cases] == [a.nearest_label for a in served]

@@ -17,7 +17,7 @@ from handler.embedding_handler import EmbeddingHandler
 from handler.preprocessing import preprocess
 from handler.service import EmbeddingService
 
-ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours", "model_version"}
+ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "reason", "nearest_label", "neighbours", "model_version"}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_served_k_is_the_trained_k_and_matches_offline_evaluation(prepared_sampl
     assert len(answers[0]["neighbours"]) == 7
     service = handler.service
     results = service.searcher.classify(service.embed(normalize(prepared_sample.test_images)))
-    served = np.mean([r["pred"] == str(y) for r, y in zip(results, prepared_sample.test_labels)])
+    served = np.mean([r.nearest_label == str(y) for r, y in zip(results, prepared_sample.test_labels)])
     assert served == pytest.approx(metadata["metrics"]["accuracy"], abs=1e-9)
 
 

@@ -177,19 +177,21 @@ def _answer_before(searcher: GallerySearcher, distances, ids, score):
     """GallerySearcher.answer as it was written before it worked on Python lists (the reference)."""
     from collections import defaultdict
 
+    from handler.answer import Answer, Neighbour
+
     valid = ids >= 0
     distances, ids = distances[valid], ids[valid]
     if ids.size == 0:
-        return {"pred": None, "dist": None, "confidence": 0.0, "unknown": True, "neighbours": []}
+        return Answer.of_vote(None, 0.0, None, (), "no_neighbours")
     labels = [str(label) for label in searcher.labels[ids]]
     weights = defaultdict(float)
     for label, dist in zip(labels, distances):
         weights[label] += 1.0 / (float(dist) + 1e-6)
     pred = max(weights, key=lambda lab: (weights[lab], -labels.index(lab)))
-    return {"pred": pred, "dist": round(float(distances[0]), 6),
-            "confidence": round(weights[pred] / sum(weights.values()), 6),
-            "unknown": bool(searcher.threshold is not None and score > searcher.threshold),
-            "neighbours": [{"label": lab, "dist": round(float(d), 6)} for lab, d in zip(labels, distances)]}
+    unknown = bool(searcher.threshold is not None and score > searcher.threshold)
+    return Answer.of_vote(pred, round(weights[pred] / sum(weights.values()), 6), round(float(distances[0]), 6),
+                          tuple(Neighbour(lab, round(float(d), 6)) for lab, d in zip(labels, distances)),
+                          "unlike_any_class" if unknown else None)
 
 
 @pytest.mark.parametrize("labels", [[str(i % 10) for i in range(60)], [i % 3 for i in range(60)]], ids=["str", "int"])

@@ -15,7 +15,7 @@ from support.handler_context import run_batch
 
 from handler.protocols import MAX_IMAGES, V2_EMBEDDING_OUTPUTS, V2_OUTPUTS, image_count
 
-ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours", "model_version"}
+ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "reason", "nearest_label", "neighbours", "model_version"}
 JSON_FORM = {"output_format": "json"}
 
 
@@ -63,8 +63,10 @@ def outputs_by_name(body: dict) -> dict[str, np.ndarray]:
 def typed_equal_plain(body: dict, plain: list[dict]) -> bool:
     """Each row of the typed outputs holds the plain answer of the same image (floats as float32)."""
     out = outputs_by_name(body)
-    assert list(out["label"]) == [a["pred"] for a in plain]
+    assert list(out["label"]) == [a["pred"] or "" for a in plain]
     assert list(out["unknown"]) == [a["unknown"] for a in plain]
+    assert list(out["reason"]) == [a["reason"] or "" for a in plain]
+    assert list(out["nearest_label"]) == [a["nearest_label"] for a in plain]
     np.testing.assert_allclose(out["distance"], [a["dist"] for a in plain], atol=1e-5)
     np.testing.assert_allclose(out["confidence"], [a["confidence"] for a in plain], atol=1e-5)
     assert out["neighbour_labels"].tolist() == [[n["label"] for n in a["neighbours"]] for a in plain]

@@ -113,7 +113,7 @@ def test_gallery_and_threshold_are_built_with_the_int8_model(tiny_int8_artifacts
     distances, ids = service.searcher.index.search(vectors, 1)
     assert (ids[:, 0] == np.arange(64)).mean() >= 0.95 and float(np.median(distances)) < 1e-6
     test_emb = service.embed(prepared_sample.inputs("test"))
-    served = np.array([a["pred"] for a in service.searcher.classify(test_emb)])
+    served = np.array([a.nearest_label for a in service.searcher.classify(test_emb)])
     accuracy = float((served == np.array([prepared_sample.classes[y] for y in prepared_sample.test_labels])).mean())
     assert accuracy == pytest.approx(service.metadata["metrics"]["accuracy"], abs=1e-9)
     assert accuracy > 0.9

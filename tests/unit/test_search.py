@@ -100,8 +100,10 @@ def test_exact_tie_goes_to_the_nearest_neighbours_label(labels):
 def test_unknown_when_the_nearest_neighbour_is_beyond_the_threshold(threshold, unknown):
     s = searcher([0.2, 0.25, 0.3], ["a", "a", "b"], k=3, threshold=threshold)
     answer = s.classify(on_circle(0.0))[0]
-    assert answer["unknown"] is unknown
-    assert answer["pred"] == "a"  # the vote is reported either way
+    assert answer.unknown is unknown
+    assert answer.nearest_label == "a"  # the vote is reported either way, as the answer only when known
+    assert (answer.pred, answer.confidence, answer.reason) == \
+        ((None, 0.0, "unlike_any_class") if unknown else ("a", answer.confidence, None))
 
 
 def test_nearest_neighbour_exactly_at_the_threshold_is_known():
@@ -182,7 +184,7 @@ def test_from_files_round_trip_answers_like_the_in_memory_searcher(tmp_path):
     queries = on_circle(0.0, 0.9, 2.8, 5.0)
     assert loaded.k == 3 and loaded.threshold == 0.2 and loaded.dim == 2
     assert loaded.classify(queries) == in_memory.classify(queries)
-    assert [a["pred"] for a in loaded.classify(queries)] == ["cat", "dog", "bird", "cat"]
+    assert [a.nearest_label for a in loaded.classify(queries)] == ["cat", "dog", "bird", "cat"]
 
 
 def test_from_files_refuses_labels_that_do_not_match_the_index(tmp_path):
@@ -257,3 +259,4 @@ def test_query_with_no_hit_at_all_is_unknown():
     answer = s.classify(on_circle(3.14))[0]
     assert answer["unknown"] is True
     assert answer["neighbours"] == []
+    assert (answer.pred, answer.confidence, answer.reason, answer.nearest_label) == (None, 0.0, "no_neighbours", None)

@@ -52,9 +52,9 @@ def test_a_query_near_the_enrolled_mean_switches_where_the_vote_says_a_trained_c
     answer = plane_searcher(plane_switch()).classify(query)[0]
     vote = plane_searcher(None).classify(query)[0]
     assert answer["pred"] == "n"
-    # Only pred and its vote share change: the neighbours, dist and unknown stay the vote's.
-    assert {k: v for k, v in answer.items() if k not in ("pred", "confidence")} == \
-        {k: v for k, v in vote.items() if k not in ("pred", "confidence")}
+    # Only the label (pred, nearest_label) and its vote share change: the neighbours, dist and unknown stay the vote's.
+    changed = ("pred", "nearest_label", "confidence")
+    assert {k: v for k, v in answer.items() if k not in changed} == {k: v for k, v in vote.items() if k not in changed}
     weights = {label: 0.0 for label in "an"}
     for neighbour in vote["neighbours"]:
         weights[neighbour["label"]] += 1.0 / (neighbour["dist"] + 1e-6)
@@ -113,7 +113,8 @@ def test_without_a_switch_or_when_it_never_fires_answers_are_the_vote_exactly():
 
 def test_no_hits_stay_unknown_even_when_the_switch_fires():
     answer = plane_searcher(plane_switch()).answer(np.array([np.inf]), np.array([-1]), 0.0, "n")
-    assert answer == {"pred": None, "dist": None, "confidence": 0.0, "unknown": True, "neighbours": []}
+    assert answer == {"pred": None, "dist": None, "confidence": 0.0, "unknown": True, "reason": "no_neighbours",
+                      "nearest_label": None, "neighbours": []}
 
 
 def test_metadata_round_trip_is_exact_and_absence_means_no_switch():
