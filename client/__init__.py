@@ -2,7 +2,7 @@
 
     from client import EmbeddingClient
     with EmbeddingClient(token="...") as c:          # REST on the config.properties address
-        answer = c.predict("samples/digit_7.png")     # {"pred", "dist", "confidence", "unknown", "neighbours"}
+        answer = c.predict("samples/digit_7.png")     # handler.answer.Answer's JSON: pred, dist, ...
 
 See client/README.md for the CLI (python -m client), exit codes and the lifecycle commands.
 """
