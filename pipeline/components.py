@@ -108,6 +108,24 @@ def evaluate(dataset: Input[Dataset], artifacts: Input[Model], k: int, evaluated
 
 
 @component
+def check_quality(evaluated: Input[Model], min_accuracy: float, min_open_set_rejection: float,
+                  min_digits_accepted: float, report: Output[Markdown]) -> str:
+    """The quality gate (pipeline.quality): "pass" when every figure evaluate measured reaches its minimum,
+    else "fail"; the figures against their minimums are printed and are the task's report."""
+    from pathlib import Path
+
+    from handler.artifacts import read_metadata
+    from pipeline.quality import judge
+
+    verdict = judge(read_metadata(Path(evaluated.path)), {"min_accuracy": min_accuracy,
+                                                          "min_open_set_rejection": min_open_set_rejection,
+                                                          "min_digits_accepted": min_digits_accepted})
+    Path(report.path).write_text(verdict.markdown())
+    print(f"quality gate {'passed' if verdict.passed else 'not passed'}: {verdict.summary}")
+    return "pass" if verdict.passed else "fail"
+
+
+@component
 def archive(artifacts: Input[Model], model_name: str, model_version: str, mar: Output[Model]) -> None:
     """Pack the verified artifacts into `<model_name>.mar`; the output directory is a model store."""
     from pathlib import Path

@@ -22,7 +22,10 @@ class RunLocalError(Exception):
 def run(workdir: Path, serve_workdir: str, values: dict[str, Any]) -> None:
     """Run the pipeline with validated `values` under `workdir`, after the preflight; `serve_workdir` as given
     (''; the run's TorchServe then works in workdir/serve). RunLocalError (one line) when it cannot."""
+    from handler.artifacts import read_metadata
+
     from .local_run import run_local
+    from .quality import judge
 
     workdir = workdir.resolve()
     values["serve_workdir"] = str(Path(values["serve_workdir"] or workdir / "serve").resolve())
@@ -44,7 +47,7 @@ def run(workdir: Path, serve_workdir: str, values: dict[str, Any]) -> None:
     for task, outputs in result.outputs.items():
         for name, value in outputs.items():
             print(f"  {task}.{name}: {_describe(value)}")
-    gate = f"accuracy {result.accuracy:.4f}, min_accuracy {values['min_accuracy']:g}"
+    gate = judge(read_metadata(result.outputs["evaluate"]["evaluated"].path), values).summary
     if result.deployed_by:
         print(f"quality gate passed ({gate}): {result.deployed_by}")
     else:

@@ -32,8 +32,8 @@ class Resources:
 #: reached in a local run of the default parameters with one epoch (`python -m pipeline run-local --epochs 1
 #: --deploy-target kserve --kserve-dry-run`, mnist-sample): load-data 529 MiB, train 873, build-index 493,
 #: evaluate 454, compare-with-deployed 75, deploy-kserve 251; archive 81 (its 3 s measured alone with GNU time
-#: -v). Limits leave room for larger data
-#: sources (full MNIST or Fashion-MNIST). deploy-local refuses to run on a cluster. CPU: training and embedding
+#: -v), check-quality 110 (kfp's executor imports and pipeline.quality on one metadata.json, GNU time -v).
+#: Limits leave room for larger data sources (full MNIST or Fashion-MNIST). deploy-local refuses to run on a cluster. CPU: training and embedding
 #: use several cores, the others about one.
 DEFAULT_RESOURCES: dict[str, Resources] = {
     "load-data": Resources("500m", "1", "768Mi", "2Gi"),
@@ -41,6 +41,7 @@ DEFAULT_RESOURCES: dict[str, Resources] = {
     "build-index": Resources("1", "2", "768Mi", "3Gi"),
     "evaluate": Resources("1", "2", "768Mi", "3Gi"),
     "archive": Resources("250m", "1", "256Mi", "1Gi"),
+    "check-quality": Resources("250m", "500m", "256Mi", "512Mi"),
     "deploy-local": Resources("250m", "1", "256Mi", "512Mi"),
     "compare-with-deployed": Resources("250m", "500m", "256Mi", "512Mi"),
     "deploy-kserve": Resources("250m", "1", "512Mi", "1Gi"),

@@ -1,4 +1,4 @@
-"""The KFP pipeline: data -> train -> index -> evaluate -> archive -> (quality gate) -> deploy.
+"""The KFP pipeline: data -> train -> index -> evaluate -> archive, check-quality -> (quality gate) -> deploy.
 
 `build(options)` makes the pipeline for one set of compile options (pipeline.options); its run parameters
 are `options.run_params()`, pipeline.params' table, given to KFP as the function's signature.
@@ -15,8 +15,8 @@ from kfp.compiler.compiler_utils import _cpu_to_float, _memory_to_float
 
 from settings import PVC_MOUNT_DEFAULT
 
-from .components import (archive, build_index, compare_with_deployed, deploy_kserve, deploy_local, evaluate,
-                         load_data, train)
+from .components import (archive, build_index, check_quality, compare_with_deployed, deploy_kserve, deploy_local,
+                         evaluate, load_data, train)
 from .options import CompileOptions
 from .params import STORAGE_SECRET_MOUNT
 
@@ -67,10 +67,12 @@ def _graph(p: dict[str, Any], options: CompileOptions) -> None:
     evaluated = task(evaluate(dataset=data.outputs["dataset"], artifacts=indexed.outputs["artifacts"], k=p["k"]))
     packed = task(archive(artifacts=evaluated.outputs["evaluated"], model_name=p["model_name"],
                           model_version=p["model_version"]))
-    accuracy = evaluated.outputs["Output"]
+    quality = task(check_quality(evaluated=evaluated.outputs["evaluated"], min_accuracy=p["min_accuracy"],
+                                 min_open_set_rejection=p["min_open_set_rejection"],
+                                 min_digits_accepted=p["min_digits_accepted"]))
     mar = packed.outputs["mar"]
 
-    with dsl.If(accuracy >= p["min_accuracy"], name="quality-gate"):
+    with dsl.If(quality.outputs["Output"] == "pass", name="quality-gate"):
         with dsl.If(p["deploy_target"] == "local", name="target-local"):
             task(deploy_local(mar=mar, model_name=p["model_name"], workdir=p["serve_workdir"],
                               config=p["serve_config"])).set_caching_options(False)

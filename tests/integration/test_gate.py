@@ -2,7 +2,7 @@
 stand-in on loopback that lags and fails like a cluster running KServe (tests/support/k8s_standin.py; no cluster
 runs here): the record is written only once the new revision serves, a failed or late rollout leaves it (and
 the spec) as they were, a record the serving spec contradicts is unknown, and 403 / unreachable / no record
-fail on one line unless allow_unknown_current."""
+fail on one line unless allow_unknown_current. Last, the quality gate's defaults against the shipped model."""
 
 from __future__ import annotations
 
@@ -195,3 +195,18 @@ def test_a_record_edited_into_nonsense_is_unknown_and_the_next_deploy_replaces_i
         decide(0.99, "models", "embedding", allow_unknown_current=False)
     deploy_version(archive, "2.0", 0.99)
     assert record(cluster) == {"current": entry("2.0", 0.99), "history": [entry("2.0", 0.99)]}
+
+
+# ---------------------------------------------------------------- the quality gate's defaults
+
+
+def test_the_shipped_model_passes_the_default_quality_gate(product_artifacts):
+    """The quick start's model (support/product_model.py) clears every default minimum of the quality gate; a
+    2-epoch model does not (tests/unit/test_pipeline_quality.py)."""
+    from handler.artifacts import read_metadata
+    from pipeline import params as P
+    from pipeline.quality import judge
+
+    verdict = judge(read_metadata(product_artifacts), P.DEFAULTS)
+    print(f"shipped model: {verdict.summary}")
+    assert verdict.passed, verdict.summary

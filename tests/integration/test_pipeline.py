@@ -19,7 +19,7 @@ from pipeline import params as P
 from pipeline.kserve_deploy import KServeError, KServeTarget, deploy
 from settings import MODEL_CONFIG_FILE, REPO, read_properties, with_ports, write_properties
 
-TASKS = {"load-data", "train", "build-index", "evaluate", "archive"}
+TASKS = {"load-data", "train", "build-index", "evaluate", "archive", "check-quality"}
 TINY = {"epochs": 1, "embedding_dim": 16, "width": 8}
 KFP_TYPES = {int: "NUMBER_INTEGER", float: "NUMBER_DOUBLE", str: "STRING", bool: "BOOLEAN"}
 ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "neighbours"}
@@ -80,15 +80,19 @@ def test_compiled_dag_tasks_and_edges(compiled):
         ("evaluate", "dataset"): ("load-data", "dataset"),
         ("evaluate", "artifacts"): ("build-index", "artifacts"),
         ("archive", "artifacts"): ("evaluate", "evaluated"),
+        ("check-quality", "evaluated"): ("evaluate", "evaluated"),
         ("condition-1", "pipelinechannel--archive-mar"): ("archive", "mar"),
         ("condition-1", "pipelinechannel--evaluate-evaluated"): ("evaluate", "evaluated"),
     }
     depends = {task: set(spec.get("dependentTasks", [])) for task, spec in root.items()}
     assert depends == {"load-data": set(), "train": {"load-data"}, "build-index": {"load-data", "train"},
                        "evaluate": {"load-data", "build-index"}, "archive": {"evaluate"},
-                       "condition-1": {"archive", "evaluate"}}
-    gate_accuracy = root["condition-1"]["inputs"]["parameters"]["pipelinechannel--evaluate-Output"]
-    assert gate_accuracy["taskOutputParameter"] == {"producerTask": "evaluate", "outputParameterKey": "Output"}
+                       "check-quality": {"evaluate"}, "condition-1": {"archive", "check-quality", "evaluate"}}
+    verdict = root["condition-1"]["inputs"]["parameters"]["pipelinechannel--check-quality-Output"]
+    assert verdict["taskOutputParameter"] == {"producerTask": "check-quality", "outputParameterKey": "Output"}
+    quality = root["check-quality"]["inputs"]["parameters"]
+    for name in ("min_accuracy", "min_open_set_rejection", "min_digits_accepted"):
+        assert quality[name] == {"componentInputParameter": name}, name
 
 
 def _named(chain: tuple) -> list[str]:
@@ -99,7 +103,7 @@ def test_compiled_gate_guards_both_deploy_targets(compiled):
     local = _conditions_above(compiled, "deploy-local")
     assert _named(local) == ["quality-gate", "target-local"], local
     gate = dict(local)["quality-gate"]
-    assert "min_accuracy" in gate and "evaluate-Output" in gate and ">=" in gate
+    assert "check-quality-Output" in gate and "'pass'" in gate
     assert "'local'" in dict(local)["target-local"]
     compare = _conditions_above(compiled, "compare-with-deployed")
     assert _named(compare) == ["quality-gate", "target-kserve"], compare
@@ -177,7 +181,8 @@ def local_run(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("kfp-local")
     instance = private_instance(work / "serve")
-    values = P.validate({**TINY, "min_accuracy": 0.5, "deploy_target": "local",
+    # One epoch of a tiny network: a stand-in to serve, far below the open-set minimums (tests/unit/test_pipeline_quality)
+    values = P.validate({**TINY, "min_accuracy": 0.5, "min_open_set_rejection": 0.0, "deploy_target": "local",
                          "serve_workdir": str(instance.workdir), "serve_config": str(instance.config)})
     try:
         with pytest.MonkeyPatch.context() as mp:
@@ -267,6 +272,35 @@ def test_cli_run_local_gate_skips_deploy(tmp_path):
         assert instance.pid() is None and not instance.key_file.exists()
     finally:
         stop(instance)
+
+
+def test_check_quality_task_stops_a_model_that_lets_non_digits_through(tiny_artifacts, tmp_path):
+    """The gate's task with kfp.local on a real 2-epoch model: accurate enough, but its open-set figure is below the
+    default minimum, so "fail" (nothing deploys); with that minimum off, "pass"."""
+    from kfp import dsl, local
+    from kfp.dsl import Model
+
+    from pipeline.components import check_quality
+    from pipeline.local_run import read_outputs, task_environment
+
+    @dsl.pipeline(name="quality-gate")
+    def gate(evaluated_dir: str, min_open_set_rejection: float):
+        imported = dsl.importer(artifact_uri=evaluated_dir, artifact_class=Model, reimport=False)
+        check_quality(evaluated=imported.output, min_accuracy=P.DEFAULTS["min_accuracy"],
+                      min_open_set_rejection=min_open_set_rejection,
+                      min_digits_accepted=P.DEFAULTS["min_digits_accepted"])
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "runs"))
+    verdicts = []
+    for minimum in (P.DEFAULTS["min_open_set_rejection"], 0.0):
+        with task_environment():
+            gate(evaluated_dir=str(tiny_artifacts), min_open_set_rejection=minimum)
+        run_dir = max((tmp_path / "runs").glob("quality-gate-*"))
+        outputs = read_outputs(run_dir)["check-quality"]
+        verdicts.append(outputs["Output"])
+        report = outputs["report"].path.read_text()
+        assert "| non-digits answered unknown |" in report
+    assert verdicts == ["fail", "pass"]
 
 
 # ---------------------------------------------------------------- CLI errors

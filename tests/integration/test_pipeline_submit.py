@@ -148,6 +148,17 @@ def test_submit_sends_a_package_for_the_oldest_backend(submitted):
                                          "secretName": P.STORAGE_SECRET.default}]
 
 
+def test_submit_with_every_default_is_accepted(cli_main):
+    """Only what a cluster needs named (--host, --image): every parameter's default is one submit accepts, and
+    the run carries them all, the quality gate's open-set minimums and a deploy target other than local."""
+    with KfpStandin(tag_name="2.3.0") as standin:
+        code, out, _ = cli_main("submit", "--host", standin.url, "--image", IMAGE)
+        assert code == 0 and standin.calls() == SUBMIT_CALLS, out
+    sent = standin.runs[0]["runtime_config"]["parameters"]
+    assert sent == P.DEFAULTS and sent["deploy_target"] != "local"
+    assert sent["min_open_set_rejection"] > 0 and sent["min_digits_accepted"] > 0
+
+
 # ---------------------------------------------------------------- the backend's version
 
 
