@@ -23,19 +23,13 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import HistogramMetricFamily
-from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from settings import GATEWAY_METRICS_KEY, read_properties
-
-if TYPE_CHECKING:
-    from serving.nginx_front import FrontState
 
 logger = logging.getLogger("kserve_runtime.metrics")
 # No *_created series: a gauge per label set that no rule reads (this process holds no other metrics).
@@ -84,9 +78,9 @@ class GatewayMetrics:
     def __post_init__(self) -> None:
         self.seconds = Histogram(REQUEST_SECONDS, REQUEST_SECONDS_HELP, LABELS, buckets=BUCKETS,
                                  registry=self.registry)
-        #: Set when nginx fronts the gateway (serving.nginx_front): nginx sees every request and keeps the
-        #: histogram, read from it at each scrape; the gateway then observes nothing itself.
-        self.front: Callable[[], Awaitable[FrontState]] | None = None
+        #: Set when nginx fronts the gateway (serving.kserve_runtime.nginx_front): nginx sees every request and
+        #: keeps the histogram, whose page this reads at each scrape; the gateway then observes nothing itself.
+        self.front: Callable[[], Awaitable[bytes]] | None = None
         self._runner: web.AppRunner | None = None
         self._session: ClientSession | None = None
 
@@ -155,7 +149,7 @@ class GatewayMetrics:
             return web.Response(status=503, text=f"TorchServe metrics at {self.torchserve_metrics}: {exc}\n")
         if self.front is not None:
             try:
-                histogram = front_histogram(await self.front(), self.model)
+                histogram = await self.front()
             except (ClientError, asyncio.TimeoutError, OSError) as exc:
                 return web.Response(status=503, text=f"the nginx front's histogram: {exc}\n")
         else:
@@ -182,26 +176,3 @@ class GatewayMetrics:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
-
-
-class _Families(Collector):
-    def __init__(self, *families: HistogramMetricFamily) -> None:
-        self.families = families
-
-    def collect(self):  # noqa: ANN201 (prometheus_client's interface)
-        return iter(self.families)
-
-
-def front_histogram(state: "FrontState", model: str, buckets: tuple[float, ...] = BUCKETS) -> bytes:
-    """The nginx front's counts (per bucket, per version and status) as the gateway's own histogram reads."""
-    family = HistogramMetricFamily(REQUEST_SECONDS, REQUEST_SECONDS_HELP, labels=LABELS)
-    edges = [floatToGoString(b) for b in buckets] + ["+Inf"]
-    for (version, status), (counts, total) in sorted(state.histogram.items()):
-        running, cumulative = 0, []
-        for edge, count in zip(edges, counts):
-            running += count
-            cumulative.append((edge, running))
-        family.add_metric([model, version, status], cumulative, total)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(family))
-    return generate_latest(registry)

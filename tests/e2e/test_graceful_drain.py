@@ -25,7 +25,7 @@ import pytest
 from support.containers import Container, build_images, engine_or_reason, start_predictor, wait_for_probe
 
 from pipeline.kserve_deploy import inference_service, stage_layout
-from serving.kserve_runtime import SHUTDOWN_DELAY_S, TERMINATION_GRACE_S
+from serving.gateway.drain import SHUTDOWN_DELAY_S, TERMINATION_GRACE_S
 from serving.samples import held_out_digits, user_digit_png
 from settings import MODEL_NAME, MODEL_VERSION
 

@@ -24,7 +24,7 @@ import pytest
 from support.containers import (build_images, engine_or_reason, http_get, post, predictor_limits, start_predictor,
                                 wait_for_probe)
 from support.imagegen import png_bytes
-from serving.kserve_runtime import SHUTDOWN_DELAY_S
+from serving.gateway.drain import SHUTDOWN_DELAY_S
 from serving.samples import user_digit_png
 from support.s3server import client_env, files, kserve_download, s3_server
 

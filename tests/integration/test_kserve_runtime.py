@@ -26,7 +26,9 @@ from support.containers import http_get
 
 from pipeline.kserve_deploy import stage_layout
 from settings import REPO, read_properties, with_ports, write_properties
-from serving.kserve_runtime import API_KEY_ENV, FRONTS, RuntimeConfigError, Upstream
+from serving.gateway.app import API_KEY_ENV
+from serving.kserve_runtime.cli import FRONTS
+from serving.kserve_runtime.torchserve import RuntimeConfigError, Upstream
 from serving.server import free_ports
 
 

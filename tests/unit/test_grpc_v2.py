@@ -16,7 +16,9 @@ import pytest
 from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_OUTPUTS
 from serving import grpc_v2
 from serving.grpc_v2 import RpcRefusal, infer_body, infer_response, pb, pb_grpc
-from serving.kserve_runtime import Gateway, GrpcStartError, Upstream, _start_grpc
+from serving.gateway.app import Gateway
+from serving.gateway.grpc_server import GrpcStartError, start_grpc as _start_grpc
+from serving.kserve_runtime.torchserve import Upstream
 from serving.open_inference import read_v2
 
 MODEL = "embedding"

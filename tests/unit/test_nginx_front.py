@@ -9,9 +9,10 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving import nginx_front
-from serving.gateway_metrics import BUCKETS, front_histogram
-from serving.nginx_front import FrontError, FrontSettings, nginx_binary, parse_state, render
+from serving.kserve_runtime import nginx_front
+from serving.gateway_metrics import BUCKETS
+from serving.kserve_runtime.nginx_front import (FrontError, FrontSettings, front_histogram, nginx_binary, parse_state,
+                                                render)
 
 
 def settings(tmp_path, **changes) -> FrontSettings:

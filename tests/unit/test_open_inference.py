@@ -133,7 +133,7 @@ def test_large_bodies_are_parsed_off_the_event_loop():
     import asyncio
     import threading
 
-    from serving.kserve_runtime import OFF_LOOP_BYTES, _off_loop
+    from serving.gateway.app import OFF_LOOP_BYTES, off_loop as _off_loop
 
     async def threads() -> tuple[int, int, int]:
         small = await _off_loop(OFF_LOOP_BYTES - 1, threading.get_ident)

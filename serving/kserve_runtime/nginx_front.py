@@ -1,6 +1,6 @@
 """nginx in front of TorchServe: the serving image's port 8080 without a Python hop on the hot paths.
 
-The Python gateway (:mod:`serving.kserve_runtime`) costs a third of TorchServe's throughput on a 2-core pod: every
+The Python gateway (:mod:`serving.gateway.app`) costs a third of TorchServe's throughput on a 2-core pod: every
 request is read, parsed and sent again by one Python process. nginx does the same forwarding in C for a tenth of
 that CPU. So nginx (Debian's, with lua-nginx-module) listens on the port KServe routes to and
 
@@ -13,12 +13,14 @@ that CPU. So nginx (Debian's, with lua-nginx-module) listens on the port KServe 
   (``Connection: close`` on every answer from SIGTERM on, then 503), requests in flight counted for the
   drain, and the request-duration histogram the alerts read, which the gateway serves on its metrics port.
 
-The gateway drives it through a Unix socket only it can reach (:class:`Front`).
+The gateway drives it through a Unix socket only it can reach (:class:`Front`), and serves the histogram nginx
+keeps as its own (:func:`front_histogram`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import signal
@@ -28,6 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, UnixConnector
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from serving.gateway_metrics import BUCKETS, LABELS, REQUEST_SECONDS, REQUEST_SECONDS_HELP
+
+logger = logging.getLogger("kserve_runtime")
 
 LUA_DIR = Path(__file__).with_name("nginx")
 MODULES_DIR = Path("/usr/lib/nginx/modules")
@@ -106,7 +116,7 @@ def render(settings: FrontSettings) -> str:
                                                       "proxy_pass http://$v1_to;")),
         _route("/", "gateway", ("proxy_pass http://gateway;",)),
     ))
-    return f"""# Rendered by serving/nginx_front.py; do not edit.
+    return f"""# Rendered by serving/kserve_runtime/nginx_front.py; do not edit.
 {modules}
 worker_processes 1;
 pid {run / 'nginx.pid'};
@@ -300,6 +310,18 @@ class Front:
         """'draining' (answers close their connection) or 'refusing' (new requests get 503)."""
         return await self._request("PUT", {"drain": drain})
 
+    async def drain_to(self, drain: str) -> int | None:
+        """:meth:`set_drain`; the requests nginx has in flight, or None (logged) when it did not answer."""
+        try:
+            return (await self.set_drain(drain)).in_flight
+        except (ClientError, asyncio.TimeoutError, OSError) as exc:
+            logger.warning("nginx front did not take the drain state %s: %s", drain, exc)
+            return None
+
+    async def histogram_page(self) -> bytes:
+        """The request histogram nginx keeps, in Prometheus' text format (the gateway's metrics page)."""
+        return front_histogram(await self.state(), self.settings.model, self.settings.buckets)
+
     async def settled(self, deadline: float, quiet_s: float) -> bool:
         """Until nothing is in flight and no request came for `quiet_s`; False if `deadline` came first."""
         while time.monotonic() < deadline:
@@ -330,3 +352,31 @@ class Front:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def shut(self, grace_s: float) -> None:
+        """Close the control session, then :meth:`stop` nginx (off the event loop)."""
+        await self.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.stop, grace_s)
+
+
+class _Families(Collector):
+    def __init__(self, *families: HistogramMetricFamily) -> None:
+        self.families = families
+
+    def collect(self):  # noqa: ANN201 (prometheus_client's interface)
+        return iter(self.families)
+
+
+def front_histogram(state: FrontState, model: str, buckets: tuple[float, ...] = BUCKETS) -> bytes:
+    """The nginx front's counts (per bucket, per version and status) as the gateway's own histogram reads."""
+    family = HistogramMetricFamily(REQUEST_SECONDS, REQUEST_SECONDS_HELP, labels=LABELS)
+    edges = [floatToGoString(b) for b in buckets] + ["+Inf"]
+    for (version, status), (counts, total) in sorted(state.histogram.items()):
+        running, cumulative = 0, []
+        for edge, count in zip(edges, counts):
+            running += count
+            cumulative.append((edge, running))
+        family.add_metric([model, version, status], cumulative, total)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(family))
+    return generate_latest(registry)

@@ -1,6 +1,6 @@
 -- The nginx front's per-request work (lua-nginx-module, LuaJIT): the bearer key, the drain state, the counts the
 -- gateway reads (requests in flight, last arrival) and the request-duration histogram. Configured by
--- serving/nginx_front.py, which renders nginx.conf and calls M.init with the served model.
+-- serving/kserve_runtime/nginx_front.py, which renders nginx.conf and calls M.init with the served model.
 local bit = require "bit"
 
 local M = {}
