@@ -47,7 +47,7 @@ ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
 
 #: Tasks that must run (the gate in front of deploy-kserve, if any, runs too and is checked like them).
-TASKS = {"load-data", "train", "build-index", "evaluate", "archive", "deploy-kserve"}
+TASKS = {"load-data", "train", "build-index", "evaluate", "archive", "check-quality", "deploy-kserve"}
 BUCKET, PREFIX = "models", "embedding"
 IMAGE_UID = 10001  # USER of the root Dockerfile
 RUN_TIMEOUT_S = 900
@@ -159,7 +159,7 @@ def run_params() -> dict[str, Any]:
     from pipeline.params import DEFAULTS
 
     params = {"data_source": "mnist-sample", "epochs": 1, "embedding_dim": 16, "width": 8, "min_accuracy": 0.3,
-              "model_version": f"c{uuid.uuid4().hex[:8]}", "deploy_target": "kserve", "kserve_dry_run": True,
+              "min_open_set_rejection": 0.0, "model_version": f"c{uuid.uuid4().hex[:8]}", "deploy_target": "kserve", "kserve_dry_run": True,
               "kserve_storage_uri": f"s3://{BUCKET}/{PREFIX}", "kserve_namespace": "models"}
     if "allow_unknown_current" in DEFAULTS:  # no cluster: the live InferenceService cannot be read
         params["allow_unknown_current"] = True
