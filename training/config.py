@@ -6,16 +6,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from handler.preprocessing import DIGITS, FULL_FRAME, PROFILES
+from handler.profiles import DATASET_PROFILES, DEFAULT_PROFILE, ENTRIES, PROFILES, QUANTIZATION
 
 #: Gallery indexes (training.index): exact, HNSW graph, IVF lists.
 INDEX_TYPES = ("flat", "hnsw", "ivf")
-#: Post-training quantization of the exported model.pt (training.quantize).
-QUANTIZATION = ("none", "int8")
-#: What ``--quantize auto`` (the default) builds per preprocessing profile: int8 for digits, where it keeps the
-#: held-out, open-set, photo and printed-digit figures and serves faster (docs/decisions.md); float for full-frame,
-#: where the Fashion-MNIST int8 model loses 0.16 point of held-out accuracy. A profile not listed builds float.
-PROFILE_QUANTIZATION = {DIGITS.name: "int8", FULL_FRAME.name: "none"}
+#: What ``--quantize auto`` (the default) builds per preprocessing profile, read from the profile registry
+#: (handler/profiles.py): int8 for digits, float for full-frame. Post-training schemes: QUANTIZATION.
+PROFILE_QUANTIZATION = {name: entry.quantize for name, entry in ENTRIES.items()}
 #: ``--quantize`` values: a QUANTIZATION scheme, or auto (the preprocessing profile's, PROFILE_QUANTIZATION).
 QUANTIZE_CHOICES = ("auto", *QUANTIZATION)
 #: fp32, or bf16 autocast of the network's forward pass during training; float32 master weights, loss and
@@ -23,24 +20,25 @@ QUANTIZE_CHOICES = ("auto", *QUANTIZATION)
 PRECISION = ("fp32", "bf16")
 PRECISION_HELP = ("bf16: autocast the training forward pass, in channels-last layout (faster epochs on CPUs with "
                   "native bf16, AVX512-BF16 or AMX); the exported model is float32 either way")
-#: Datasets whose own preprocessing profile is not ``digits`` (by Dataset.name); everything else is digits.
-DATASET_PROFILES = {"fashion-mnist": FULL_FRAME.name}
-#: ``--preprocessing`` values: a profile's name, or auto (from the dataset, DATASET_PROFILES).
+#: ``--preprocessing`` values: a profile's name, or auto (from the dataset: DATASET_PROFILES, the datasets the
+#: registry's entries claim by Dataset.name; every other dataset gets DEFAULT_PROFILE, digits).
 PROFILE_CHOICES = ("auto", *PROFILES)
 
 
 def resolve_profile(choice: str, dataset_name: str) -> str:
-    """The profile a build uses: ``choice`` unless it is auto, then the dataset's (DATASET_PROFILES, else digits)."""
+    """The profile a build uses: ``choice`` unless it is auto, then the dataset's (DATASET_PROFILES, else
+    DEFAULT_PROFILE)."""
     if choice == "auto":
-        return DATASET_PROFILES.get(dataset_name, DIGITS.name)
+        return DATASET_PROFILES.get(dataset_name, DEFAULT_PROFILE)
     if choice not in PROFILES:
         raise ValueError(f"unknown preprocessing profile {choice!r}: use {', '.join(PROFILE_CHOICES)}")
     return choice
 
 
 def resolve_quantize(choice: str, profile: str) -> str:
-    """The quantization a build uses: ``choice`` unless it is auto, then the profile's (PROFILE_QUANTIZATION, else
-    none). What train.json and metadata.json record is this resolved value, never auto."""
+    """The quantization a build uses: ``choice`` unless it is auto, then the profile's (PROFILE_QUANTIZATION; none
+    for a name the registry does not hold). What train.json and metadata.json record is this resolved value, never
+    auto."""
     if choice == "auto":
         return PROFILE_QUANTIZATION.get(profile, "none")
     if choice not in QUANTIZATION:
@@ -68,7 +66,7 @@ class TrainConfig:
     seed: int = 0
     max_shift: float = 2.0  # pixels
     #: Augmentation that depends on what the images show; None: the preprocessing profile's
-    #: (training.train.PROFILE_DEFAULTS).
+    #: (its registry entry's TrainingDefaults, handler/profiles.py).
     max_rotation: float | None = None  # degrees
     hflip: bool | None = None  # mirror half of each batch left-right
     erase: float | None = None  # share of images with a random rectangle erased (Zhong et al. 2020)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -14,23 +14,25 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from handler.preprocessing import DIGITS, Profile
+from handler.profiles import ENTRIES, RegistryError, training_defaults
 from handler.search import GallerySearcher
 
 from .config import DIGIT_NEGATIVES, DIGIT_PRINTED, PRECISION, TrainConfig
 from .index import build_index
-from .model import ArcFaceHead, EmbeddingNet
+from .model import POOLING, ArcFaceHead, EmbeddingNet
 from .negatives import synthetic_negatives
 from .printed import printed_digits
 
 
-#: Training defaults per preprocessing profile. Digits turn a little and are never mirrored (a mirrored digit is
-#: another symbol), and their centred strokes are pooled. Full-frame pictures such as garments stand upright, mirror
-#: freely and lose parts to occlusion: random erasing ("Random Erasing Data Augmentation", Zhong et al., AAAI 2020,
-#: evaluated on Fashion-MNIST among others); their feature map keeps its layout (training.model.POOLING).
-PROFILE_DEFAULTS = {
-    "digits": {"max_rotation": 10.0, "hflip": False, "erase": 0.0, "pool": "avg"},
-    "full-frame": {"max_rotation": 0.0, "hflip": True, "erase": 0.5, "pool": "flatten"},
-}
+#: Training defaults per preprocessing profile, read from the profile registry (handler/profiles.py, each entry's
+#: TrainingDefaults): digits turn a little, are never mirrored and are pooled; full-frame pictures mirror, are
+#: erased at random and keep their feature map's layout.
+PROFILE_DEFAULTS = {name: training_defaults(name) for name in ENTRIES}
+_unknown_pools = {name: d["pool"] for name, d in PROFILE_DEFAULTS.items() if d["pool"] not in POOLING}
+_unknown_fields = {key for d in PROFILE_DEFAULTS.values() for key in d} - {f.name for f in fields(TrainConfig)}
+if _unknown_pools or _unknown_fields:  # checked at import, not at the first training of that profile
+    raise RegistryError(f"preprocessing registry: pool must be one of {POOLING} (got {_unknown_pools}), and "
+                        f"training defaults must be TrainConfig fields (not {sorted(_unknown_fields)})")
 
 
 def native_bf16() -> bool:
@@ -51,7 +53,7 @@ def check_precision(precision: str, log: Callable[[str], None] = print) -> None:
 
 
 def resolve_profile_defaults(config: TrainConfig, profile: str = DIGITS.name) -> TrainConfig:
-    """`config` with every field left None set to the profile's (PROFILE_DEFAULTS)."""
+    """`config` with every field left None set to the profile's (PROFILE_DEFAULTS, from its registry entry)."""
     chosen = {key: value for key, value in PROFILE_DEFAULTS[profile].items() if getattr(config, key) is None}
     return replace(config, **chosen) if chosen else config
 

@@ -1,10 +1,14 @@
-"""Preprocessing profiles (handler/preprocessing.py): the full-frame profile's contract, how a build picks a
-profile and records it, and the handler serving a full-frame model with the profile its metadata names."""
+"""Preprocessing profiles (handler/profiles.py, handler/preprocessing.py): the registry and its check at import, the
+full-frame profile's contract, how a build picks a profile and records it, and the handler serving a full-frame model
+with the profile its metadata names."""
 
 from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,9 +32,11 @@ from handler.preprocessing import (
     profile_of,
     to_full_frame,
 )
+from handler.profiles import (ENTRIES, QUANTIZATION, REGISTRY, SERVED, ProfileEntry, RegistryError, TrainingDefaults,
+                              Version, check_registry)
 from handler.service import EmbeddingService
 from training.__main__ import main as training_main
-from training.config import PROFILE_CHOICES, resolve_profile
+from training.config import DATASET_PROFILES, PROFILE_CHOICES, PROFILE_QUANTIZATION, resolve_profile, resolve_quantize
 from training.data import Dataset
 from training.data.idx import FASHION_CLASSES
 from training.steps import prepare_data
@@ -108,6 +114,59 @@ def test_profile_of_reads_metadata_and_refuses_what_it_does_not_implement():
         profile_of({"preprocessing": {"profile": "sketches", "version": "1"}})
     with pytest.raises(ProfileError, match="full-frame preprocessing version '9'"):
         profile_of({"preprocessing": {"profile": "full-frame", "version": "9"}})
+
+
+def test_every_view_of_the_profiles_is_read_from_the_one_registry():
+    assert [entry.name for entry in REGISTRY] == list(PROFILES) == list(ENTRIES)
+    assert PROFILE_QUANTIZATION == {entry.name: entry.quantize for entry in REGISTRY}
+    assert PROFILE_DEFAULTS == {entry.name: vars(entry.training) for entry in REGISTRY}
+    assert DATASET_PROFILES == {"fashion-mnist": "full-frame"}
+    assert list(SERVED) == [(e.name, v.version) for e in REGISTRY for v in e.versions]
+    for entry in REGISTRY:  # the profile new models get is the entry's first version, served like the others
+        assert PROFILES[entry.name] is SERVED[entry.name, entry.versions[0].version]
+        assert resolve_quantize("auto", entry.name) == entry.quantize in QUANTIZATION
+        for version in entry.versions:
+            profile = SERVED[entry.name, version.version]
+            assert (profile.canvas, profile.counted, profile.mean, profile.std) == (
+                version.canvas, version.counted, entry.mean, entry.std)
+
+
+def test_an_entry_without_one_of_its_parts_cannot_be_written():
+    digits = ENTRIES["digits"]
+    with pytest.raises(TypeError, match="quantize"):
+        ProfileEntry("sketches", 0.1, 0.3, 20, versions=digits.versions, training=digits.training)
+    with pytest.raises(TypeError, match="pool"):
+        TrainingDefaults(max_rotation=0.0, hflip=False, erase=0.0)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda e: replace(e, quantize="int4"), "quantize must be one of"),
+    (lambda e: replace(e, versions=()), "versions must be listed once each"),
+    (lambda e: replace(e, versions=(e.versions[0], e.versions[0])), "versions must be listed once each"),
+    (lambda e: replace(e, versions=(Version("4", None),)), "version 4: its canvas is not callable"),
+    (lambda e: replace(e, training={"pool": "avg"}), "training must be TrainingDefaults"),
+    (lambda e: replace(e, name="full-frame"), "profile 'full-frame' is registered twice"),
+    (lambda e: replace(e, datasets=("fashion-mnist",)), "dataset 'fashion-mnist' is claimed by two profiles"),
+    (lambda e: replace(e, std=0.0), "do not scale"),
+], ids=["quantize", "no-version", "twice", "canvas", "training", "name", "dataset", "std"])
+def test_the_registry_check_names_what_is_wrong(change, message):
+    check_registry(REGISTRY)
+    with pytest.raises(RegistryError, match=message):
+        check_registry((change(REGISTRY[0]), *REGISTRY[1:]))
+
+
+def test_a_registered_pool_training_does_not_know_fails_when_training_is_imported():
+    """The check runs at import (a subprocess imports afresh), not at the first training of that profile."""
+    script = ("import dataclasses, handler.profiles as p\n"
+              "e = p.ENTRIES['digits']\n"
+              "p.ENTRIES = {**p.ENTRIES, 'sketches': dataclasses.replace(e, name='sketches', "
+              "training=dataclasses.replace(e.training, pool='max'))}\n"
+              "import training.train\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "RegistryError" in done.stderr and "'sketches': 'max'" in done.stderr, done.stderr
+    fine = subprocess.run([sys.executable, "-c", script.replace("pool='max'", "pool='flatten'")],
+                          capture_output=True, text=True, timeout=120)
+    assert fine.returncode == 0, fine.stderr
 
 
 def test_auto_profile_follows_the_dataset_and_a_flag_overrides_it():

@@ -14,7 +14,7 @@ from support.photo_set import photo_exam, photographed, scanned
 from support.printed_fonts import printed_digits
 
 from handler import photo
-from handler.preprocessing import DIGITS, DIGITS_V1, DIGITS_V2, FULL_FRAME, _gray_array
+from handler.preprocessing import DIGITS, DIGITS_V1, DIGITS_V2, FULL_FRAME, gray_array
 from serving.samples import user_digit_png
 from training.data import load_dataset
 
@@ -102,7 +102,7 @@ def test_looking_never_changes_the_canvas(mixed, profile):
     for image in mixed:
         tensor, _ = profile.read(image)
         np.testing.assert_array_equal(tensor, profile.preprocess(image))
-        canvas = profile.canvas(_gray_array(image, 10**8), 10**8)
+        canvas = profile.canvas(gray_array(image, 10**8), 10**8)
         np.testing.assert_array_equal(tensor, profile.normalize(canvas[None])[0])
 
 
