@@ -1,7 +1,8 @@
 """The serving image's PID 1: TorchServe on loopback, and KServe's protocols on the port KServe routes to.
 
-``python -m serving.kserve_runtime``. KServe expects one HTTP port that answers the KServe v1 and Open Inference v2 REST paths, health and model
-metadata included; TorchServe has no health, readiness or metadata paths. So this command
+``python -m serving.kserve_runtime``. KServe expects one HTTP port that answers the KServe v1 and Open Inference v2
+REST paths, health and model metadata included; TorchServe has no health, readiness or metadata paths. So this
+command
 
 - starts ``torchserve --foreground`` with the storage initializer's layout (``/mnt/models``), its inference and
   management APIs on loopback only (:mod:`serving.kserve_runtime.supervisor`);
@@ -39,7 +40,8 @@ from serving.gateway.options import add_serving_arguments, api_key, grpc_port, s
 from serving.gateway_metrics import BUCKETS, GatewayMetrics
 from serving.kserve_runtime.nginx_front import FrontSettings
 from serving.kserve_runtime.supervisor import serve, start_torchserve
-from serving.kserve_runtime.torchserve import RuntimeConfigError, Upstream
+from serving.kserve_runtime.torchserve import Upstream
+from serving.ts_config import RuntimeConfigError
 
 PROG = "python -m serving.kserve_runtime"
 #: What may listen on the HTTP port, the default first (see serving.kserve_runtime.nginx_front for the measurement).

@@ -19,6 +19,8 @@ from urllib.parse import quote, urlsplit
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector
 
 from serving.gateway.backend import InferenceCall, Reply
+from serving.ts_config import (RuntimeConfigError, default_version, request_limits, served_model,
+                               snapshot_models)
 from settings import read_properties
 
 logger = logging.getLogger("kserve_runtime")
@@ -27,38 +29,6 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: Readiness answers are reused this long, so probes and clients don't each ask the management API.
 READY_CACHE_S = 1.0
 UNAVAILABLE = json.dumps({"error": "the model server is not answering; retry shortly"}).encode()
-
-
-class RuntimeConfigError(Exception):
-    """The TorchServe configuration cannot be served behind the gateway; the message says why."""
-
-
-def snapshot_models(props: dict[str, str], ts_config: Path) -> dict:
-    """model_snapshot's models: {name: {version: entry}}; RuntimeConfigError when it lists none."""
-    try:
-        models = json.loads(props["model_snapshot"])["models"]
-        if not isinstance(models, dict):
-            raise ValueError
-        return models
-    except (KeyError, ValueError, TypeError):
-        raise RuntimeConfigError(f"{ts_config}: model_snapshot must list the model to serve") from None
-
-
-def served_model(models: dict, ts_config: Path, model: str | None) -> tuple[str, dict]:
-    """(name, {version: entry}) of the model to serve: `model`, or the only one model_snapshot lists."""
-    if model is None:
-        if len(models) != 1:
-            raise RuntimeConfigError(f"{ts_config}: model_snapshot lists {len(models)} models; pass --model-name")
-        model = next(iter(models))
-    if model not in models:
-        raise RuntimeConfigError(f"{ts_config}: model {model!r} is not in model_snapshot")
-    return model, models[model]
-
-
-def default_version(entries: dict) -> str:
-    """The version that answers paths naming none: model_snapshot's defaultVersion, else its first."""
-    return next((v for v, e in entries.items() if isinstance(e, dict) and e.get("defaultVersion")),
-                next(iter(entries), ""))
 
 
 @dataclass
@@ -91,9 +61,8 @@ class Upstream:
                                          "TorchServe is reached only through the gateway")
             addresses[key] = address.rstrip("/")
         model, entries = served_model(snapshot_models(props, ts_config), ts_config, model)
-        return cls(addresses["inference_address"], addresses["management_address"], model,
-                   tuple(entries), int(props.get("max_request_size", 6553500)),  # TorchServe's own default
-                   float(props.get("default_response_timeout", 120)), default_version(entries))
+        return cls(addresses["inference_address"], addresses["management_address"], model, tuple(entries),
+                   *request_limits(props), default_version(entries))
 
     @property
     def server(self) -> tuple[str, str]:
