@@ -70,9 +70,9 @@ class GatewayMetrics:
     model: str
     versions: tuple[str, ...]
     default_version: str
-    host: str
-    port: int
-    torchserve_metrics: str
+    host: str = ""
+    port: int = 0
+    torchserve_metrics: str = ""
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
@@ -130,10 +130,14 @@ class GatewayMetrics:
         finally:
             self.observe(request.path, status, time.perf_counter() - started)
 
+    def time_requests(self, app: web.Application) -> None:
+        """Time `app`'s requests (outermost middleware: refusals count too)."""
+        app.middlewares.insert(0, self.middleware)
+
     def install(self, app: web.Application) -> None:
-        """Time `app`'s requests (outermost middleware: refusals count too) and serve /metrics while it runs."""
+        """Time `app`'s requests unless nginx does, and serve /metrics while it runs."""
         if self.front is None:
-            app.middlewares.insert(0, self.middleware)
+            self.time_requests(app)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
 

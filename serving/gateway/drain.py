@@ -68,9 +68,10 @@ class StopSignals:
         self.at = 0.0
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal)
+            loop.add_signal_handler(sig, self.request_stop)
 
-    def _on_signal(self) -> None:
+    def request_stop(self) -> None:
+        """What a signal does: stop (drain) the first time, hurry the second."""
         if self.stop.is_set():
             self.hurry.set()
             return

@@ -1,0 +1,5 @@
+import sys
+
+from serving.python_runtime.cli import main
+
+sys.exit(main())
