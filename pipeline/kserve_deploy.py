@@ -34,16 +34,21 @@ import yaml
 
 from cli_common import UsageError
 from owned_paths import replaceable_dir
-from settings import (CONFIG_FILE, KSERVE_GRPC_PORT, MODEL_CONFIG_FILE, POD_TORCHSERVE_PORT, PVC_MOUNT_DEFAULT,
-                      PVC_MOUNT_ENV, WORKER_THREADS, Endpoints, properties, read_properties, write_properties)
+from settings import (CONFIG_FILE, KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, MODEL_CONFIG_FILE, POD_TORCHSERVE_PORT,
+                      PVC_MOUNT_DEFAULT, PVC_MOUNT_ENV, WORKER_THREADS, Endpoints, properties, read_properties,
+                      write_properties)
 
 from .manifests import ManifestError, validate
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 PROTOCOLS = ("v1", "v2", "grpc-v2")
-#: Open Inference gRPC: Knative allows one container port, so a grpc-v2 predictor declares the gateway's gRPC port
-#: (named h2c, which Knative routes as HTTP/2 cleartext) and probes that port, as KServe's own grpc-v2 samples do.
+#: Open Inference gRPC: Knative allows one container port, so a grpc-v2 predictor declares only the gateway's gRPC
+#: port, named h2c (which Knative routes as HTTP/2 cleartext), as KServe's own grpc-v2 samples do
+#: (docs/samples/v1beta1/torchserve/v1/grpc.yaml at v0.15.2).
 GRPC_PROTOCOL = "grpc-v2"
+#: The gateway's probe paths (serving/gateway/app.py PROBE_PATHS, answered without the key): ready = a worker of
+#: the model is READY (serving/kserve_runtime/torchserve.py ready: the model is loaded), live = TorchServe answers.
+READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
 #: TorchServe's inference and management APIs inside the pod: loopback only, behind the gateway.
 INFERENCE_PORT = POD_TORCHSERVE_PORT
 #: Prometheus metrics, scraped from outside the pod: the port of config.properties' metrics_address.
@@ -291,6 +296,35 @@ def service_name_for(model_name: str) -> str:
     return name if name[:1].isalpha() else f"m-{name}"
 
 
+def predictor_endpoint(protocol: str) -> dict[str, Any]:
+    """The model container's one port and its probes, for `protocol`.
+
+    The ServingRuntime (deploy/kserve/servingruntime.yaml) declares neither, as KServe's kserve-torchserve does:
+    KServe merges the runtime's container with this one by strategic merge patch (MergeRuntimeContainers in
+    kserve's pkg/controller/v1beta1/inferenceservice/utils/utils.go), so ports a runtime declared would be kept
+    beside these and its probes would gain a second handler. The pod then passes Knative's checks (one port;
+    one handler per probe) and Kubernetes' (tests/unit/test_kserve_compose.py composes and checks each protocol).
+
+    Readiness is the gateway's /v2/health/ready on the REST port for every protocol: 200 only while a worker of
+    the model is READY. A grpc-v2 pod serves REST there too (the runtime's --http-port); Knative's queue-proxy
+    runs a readiness probe at the port the probe names by number, the kubelet does in raw mode. Liveness:
+    /v2/health/live on the REST port for REST; for grpc-v2 a TCP connect to the gRPC port, since Knative points a
+    liveness probe's HTTP or TCP port at the serving port (rewriteUserProbe), which answers only gRPC and has no
+    grpc.health.v1 service for a gRPC probe. The TCP connect proves the gateway's event loop accepts; the
+    container exits on its own when TorchServe dies.
+    """
+    readiness = {"httpGet": {"path": READY_PATH, "port": KSERVE_GATEWAY_PORT}, "initialDelaySeconds": 2,
+                 "periodSeconds": 2, "timeoutSeconds": 3, "failureThreshold": 3}
+    timing = {"initialDelaySeconds": 20, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
+    if protocol == GRPC_PROTOCOL:
+        return {"ports": [{"name": "h2c", "containerPort": KSERVE_GRPC_PORT, "protocol": "TCP"}],
+                "readinessProbe": readiness,
+                "livenessProbe": {"tcpSocket": {"port": KSERVE_GRPC_PORT}, **timing}}
+    return {"ports": [{"name": "http1", "containerPort": KSERVE_GATEWAY_PORT, "protocol": "TCP"}],
+            "readinessProbe": readiness,
+            "livenessProbe": {"httpGet": {"path": LIVE_PATH, "port": KSERVE_GATEWAY_PORT}, **timing}}
+
+
 def inference_service(name: str, namespace: str, storage_uri: str, protocol: str, model_name: str, version: str,
                       runtime: str = DEFAULT_RUNTIME, service_account: str = "", cpu: str = PREDICTOR_CPU,
                       memory: str = PREDICTOR_MEMORY,
@@ -318,11 +352,7 @@ def inference_service(name: str, namespace: str, storage_uri: str, protocol: str
         "resources": copy.deepcopy(resources) if resources is not None else {"requests": dict(default),
                                                                               "limits": dict(default)},
     }
-    if protocol == GRPC_PROTOCOL:
-        model["ports"] = [{"name": "h2c", "containerPort": KSERVE_GRPC_PORT, "protocol": "TCP"}]
-        model["readinessProbe"] = {"tcpSocket": {"port": KSERVE_GRPC_PORT}, "periodSeconds": 5}
-        model["livenessProbe"] = {"tcpSocket": {"port": KSERVE_GRPC_PORT}, "initialDelaySeconds": 20,
-                                  "periodSeconds": 10}
+    model.update(predictor_endpoint(protocol))
     if runtime:
         model["runtime"] = runtime
     predictor: dict[str, Any] = {"minReplicas": 1, "model": model}
@@ -469,6 +499,10 @@ def _patch(api: Any, namespace: str, name: str, make: Any, existing: dict | None
 
 #: Optional predictor fields the manifest sets only when asked: a patch removes them when no longer asked.
 OPTIONAL_PREDICTOR_KEYS = ("serviceAccountName", "imagePullSecrets")
+#: The model container's probes: a JSON merge patch merges objects key by key, so a probe whose handler changed
+#: (an older release's tcpSocket readiness, now httpGet) would keep the old handler beside the new one, and KServe's
+#: pod would carry two. The patch names what the probe no longer has as null.
+PROBE_KEYS = ("readinessProbe", "livenessProbe", "startupProbe")
 
 
 def _deploy_patch(manifest: dict, existing: dict) -> dict:
@@ -477,8 +511,12 @@ def _deploy_patch(manifest: dict, existing: dict) -> dict:
     for key in OPTIONAL_PREDICTOR_KEYS:
         if key in old and key not in spec["predictor"]:
             spec["predictor"][key] = None
-    if "runtime" in (old.get("model") or {}) and "runtime" not in spec["predictor"]["model"]:
-        spec["predictor"]["model"]["runtime"] = None
+    old_model, model = old.get("model") or {}, spec["predictor"]["model"]
+    if "runtime" in old_model and "runtime" not in model:
+        model["runtime"] = None
+    for key in PROBE_KEYS:
+        if isinstance(old_model.get(key), dict):
+            model[key] = _merge_diff(old_model[key], model[key]) if key in model else None
     return {"metadata": {"labels": dict(manifest["metadata"].get("labels") or {})}, "spec": spec}
 
 

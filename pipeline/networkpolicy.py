@@ -1,8 +1,10 @@
 """The predictor's NetworkPolicy (deploy/kserve/networkpolicy.yaml) for a cluster's own namespace names.
 
-The shipped file lets the namespaces `monitoring` (Prometheus) and `knative-serving` (Knative's autoscaler and
-activator) reach the predictor's metrics and queue-proxy ports. Clusters name them otherwise; this writes the
-same policy with other names, checked against the NetworkPolicy schema (deploy/schemas), without kustomize:
+The shipped file lets callers reach the predictor's serving ports (REST 8080 and gRPC 8081, which a raw-mode
+Service targets directly) and Knative's queue-proxy, and the namespaces `monitoring` (Prometheus) and
+`knative-serving` (Knative's autoscaler and activator) reach the metrics and queue-proxy ports. Clusters name those
+namespaces otherwise; this writes the same policy with other names, checked against the NetworkPolicy schema
+(deploy/schemas) and for the serving ports, without kustomize:
 
     python -m pipeline.networkpolicy --monitoring-namespace observability | kubectl -n models apply -f -
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from settings import REPO
+from settings import KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, REPO
 
 from .manifests import ManifestError, validate
 
@@ -28,6 +30,9 @@ DEFAULT_MONITORING = "monitoring"
 DEFAULT_KNATIVE = "knative-serving"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+#: The ports an InferenceService the pipeline writes is served on (pipeline/kserve_deploy.py predictor_endpoint):
+#: the policy must open both to callers, or one protocol is unreachable in raw mode.
+SERVING_PORTS = {"REST": KSERVE_GATEWAY_PORT, "gRPC": KSERVE_GRPC_PORT}
 
 
 def _namespace_peers(policy: dict) -> dict[str, list[dict]]:
@@ -55,6 +60,11 @@ def network_policy(monitoring_namespace: str = DEFAULT_MONITORING, knative_names
     for default in (DEFAULT_MONITORING, DEFAULT_KNATIVE):
         if default not in peers:
             raise ManifestError(f"{path}: no ingress rule selects the namespace {default!r}")
+    open_to_all = {p.get("port") for rule in policy["spec"]["ingress"] if "from" not in rule
+                   for p in rule.get("ports", [])}
+    for what, port in SERVING_PORTS.items():
+        if port not in open_to_all:
+            raise ManifestError(f"{path}: no ingress rule opens the predictor's {what} port {port} to callers")
     for default, wanted in ((DEFAULT_MONITORING, monitoring_namespace), (DEFAULT_KNATIVE, knative_namespace)):
         for labels in peers[default]:
             labels[NAMESPACE_LABEL] = wanted

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.containers import (Container, build_images, engine_or_reason, http_get, post, runtime_container,
+from support.containers import (Container, build_images, engine_or_reason, http_get, post, predictor_container,
                                 wait_for_probe)
 from serving.samples import user_digit_png
 
@@ -62,12 +62,10 @@ def mnt_models(mar: Path, out: Path) -> Path:
 def run_predictor(images: dict, models_dir: Path, name: str) -> tuple[Container, str, str, str]:
     """The predictor container with its KServe port and its metrics port published; (container, url,
     metrics url, key) once the readiness probe passes."""
-    spec = runtime_container()
     key = secrets.token_hex(16)
     manifest = inference_service("embedding", "models", "s3://models/embedding/1.0", "v1", "embedding", "1.0")
-    env = {e["name"]: e["value"] for e in spec.get("env", []) if "value" in e}
-    for entry in manifest["spec"]["predictor"]["model"]["env"]:
-        env[entry["name"]] = entry["value"] if "value" in entry else key  # the Secret's key
+    spec = predictor_container(manifest)  # the runtime's container merged with the InferenceService's, as KServe does
+    env = {e["name"]: e["value"] if "value" in e else key for e in spec.get("env", [])}  # the Secret's key
     (port,) = [p["containerPort"] for p in spec["ports"]]
     http_port, metrics_port = free_ports(2)
     container = Container.run(images, images["serving"]["ref"], name, spec["command"] + spec["args"], env,

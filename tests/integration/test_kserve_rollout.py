@@ -142,17 +142,49 @@ def test_reading_the_claim_needs_the_role(cluster, archive, pvc):
 # ---------------------------------------------------------------- predictor options
 
 
-def test_a_grpc_v2_predictor_declares_its_one_port_as_h2c_and_probes_it():
-    """Knative allows one container port: grpc-v2 declares the gateway's gRPC port (h2c) and probes it."""
-    from settings import KSERVE_GRPC_PORT
+def test_each_predictor_declares_its_one_port_and_is_ready_when_the_model_is():
+    """Knative allows one container port: REST declares 8080 (http1), grpc-v2 the gateway's gRPC port (h2c).
+    Readiness is /v2/health/ready on the REST port for both; grpc-v2's liveness is a TCP connect, since Knative
+    points liveness probes at the serving port (tests/unit/test_kserve_compose.py checks the composed pods)."""
+    from settings import KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT
 
-    model = inference_service("embedding", "models", "s3://b/e/1.0", "grpc-v2", "embedding", "1.0")["spec"][
+    grpc = inference_service("embedding", "models", "s3://b/e/1.0", "grpc-v2", "embedding", "1.0")["spec"][
         "predictor"]["model"]
-    assert model["protocolVersion"] == "grpc-v2"
-    assert model["ports"] == [{"name": "h2c", "containerPort": KSERVE_GRPC_PORT, "protocol": "TCP"}]
-    assert model["readinessProbe"]["tcpSocket"] == model["livenessProbe"]["tcpSocket"] == {"port": KSERVE_GRPC_PORT}
-    rest = inference_service("embedding", "models", "s3://b/e/1.0", "v2", "embedding", "1.0")["spec"]["predictor"]
-    assert not {"ports", "readinessProbe", "livenessProbe"} & set(rest["model"])
+    rest = inference_service("embedding", "models", "s3://b/e/1.0", "v2", "embedding", "1.0")["spec"][
+        "predictor"]["model"]
+    assert grpc["protocolVersion"] == "grpc-v2"
+    assert grpc["ports"] == [{"name": "h2c", "containerPort": KSERVE_GRPC_PORT, "protocol": "TCP"}]
+    assert rest["ports"] == [{"name": "http1", "containerPort": KSERVE_GATEWAY_PORT, "protocol": "TCP"}]
+    assert grpc["readinessProbe"] == rest["readinessProbe"]
+    assert rest["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": KSERVE_GATEWAY_PORT}
+    assert grpc["livenessProbe"]["tcpSocket"] == {"port": KSERVE_GRPC_PORT}
+    assert rest["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": KSERVE_GATEWAY_PORT}
+
+
+@pytest.mark.parametrize("mode", ["Serverless", "RawDeployment"])
+def test_a_grpc_v2_deploy_composes_with_the_shipped_runtime_and_serves(cluster, archive, pvc, mode):
+    """The stand-in merges the spec with deploy/kserve/servingruntime.yaml as KServe does and makes no revision
+    of a pod Knative or the API server would refuse: a grpc-v2 deploy must come to serve."""
+    cluster.mode = mode
+    deploy_version(archive, "1.0", 0.9, protocol="grpc-v2")
+    assert cluster.refused == []
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/1.0"
+
+
+def test_a_service_written_with_other_probe_handlers_is_patched_to_one_handler_each(cluster, archive, pvc):
+    """An InferenceService is updated by JSON merge patch, which merges objects key by key: a grpc-v2 service an
+    older release wrote (tcpSocket readiness) must lose that handler when the new readiness is httpGet, or KServe's
+    pod carries two and no revision is made."""
+    from kubernetes.client import CustomObjectsApi
+
+    older = inference_service("embedding", "models", "pvc://models/embedding/1.0", "grpc-v2", "embedding", "1.0")
+    older["spec"]["predictor"]["model"]["readinessProbe"] = {"tcpSocket": {"port": 8081}, "periodSeconds": 5}
+    api = CustomObjectsApi(kserve_deploy._api_client())
+    api.create_namespaced_custom_object(GROUP, VERSION, "models", PLURAL, older)
+    deploy_version(archive, "2.0", 0.95, protocol="grpc-v2")
+    model = cluster.isvc("models", "embedding")["spec"]["predictor"]["model"]
+    assert model["readinessProbe"] == kserve_deploy.predictor_endpoint("grpc-v2")["readinessProbe"]
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/2.0"
 
 
 def test_image_pull_secrets_and_resources_reach_the_manifest():

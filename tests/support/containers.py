@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from support.kserve_compose import compose
 
 from pipeline.kserve_deploy import API_KEY_ENV
 from pipeline.manifests import engine_limit_args
@@ -80,10 +81,18 @@ def build_images(engine: str, only: str | None = None) -> dict:
 
 
 def runtime_container(path: Path = SERVING_RUNTIME) -> dict:
-    """The predictor container of the shipped ServingRuntime: command, args, env, ports, probes."""
+    """The predictor container of the shipped ServingRuntime: command, args, env, resources (no ports, no probes:
+    the InferenceService brings those, see predictor_container)."""
     (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
     (container,) = doc["spec"]["containers"]
     return container
+
+
+def predictor_container(manifest: dict, path: Path = SERVING_RUNTIME) -> dict:
+    """The predictor's container as KServe makes it from the shipped ServingRuntime and the InferenceService
+    `manifest` (support.kserve_compose.compose): command, args, env, its one port, probes, resources."""
+    (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return compose(doc, manifest)
 
 
 @dataclass
@@ -203,31 +212,34 @@ def predictor_limits(manifest: dict, spec: dict) -> dict[str, str]:
 
 
 def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str, str, dict]:
-    """Run the serving image as the ServingRuntime + InferenceService describe it; returns (container, url, key, spec).
+    """Run the serving image as KServe composes the ServingRuntime and the InferenceService; returns (container, url,
+    key, spec).
 
-    The published ports are the runtime's and the InferenceService's model `ports` (a grpc-v2 one adds h2c 8081),
-    each on a free host port that the returned spec's `ports` give as `hostPort`; `url` is the REST (non-h2c) one.
+    `spec` is the composed container (predictor_container). Published, each on a free host port: its declared port
+    (REST 8080, or h2c 8081 for grpc-v2), which the returned spec's `ports` give as `hostPort`, and the port its
+    readiness probe calls (the REST port), which the kubelet or Knative's queue-proxy reach inside the pod; `url`
+    is that REST one.
     """
     models_dir, manifest = mnt_models
-    spec = runtime_container()
-    model = manifest["spec"]["predictor"]["model"]
+    spec = predictor_container(manifest)
     key = secrets.token_hex(16)
-    env = {e["name"]: e["value"] for e in spec.get("env", []) if "value" in e}
-    for entry in model.get("env", []):  # the InferenceService's env, the Secret's value filled in
+    env = {}
+    for entry in spec.get("env", []):  # the runtime's and the InferenceService's, the Secret's value filled in
         if "value" in entry:
             env[entry["name"]] = entry["value"]
         elif entry.get("valueFrom", {}).get("secretKeyRef"):
             env[entry["name"]] = key
     assert env[API_KEY_ENV] == key
-    declared = {p["containerPort"]: p for p in [*spec["ports"], *model.get("ports", [])]}
-    published = dict(zip(declared, free_ports(len(declared))))
+    rest = spec["readinessProbe"]["httpGet"]["port"]
+    declared = {p["containerPort"]: p for p in spec.get("ports", [])}
+    wanted = [*declared, *([rest] if rest not in declared else [])]
+    published = dict(zip(wanted, free_ports(len(wanted))))
     spec = {**spec, "ports": [{**p, "hostPort": published[port]} for port, p in declared.items()]}
-    (rest,) = [p["hostPort"] for p in spec["ports"] if p.get("name") not in ("h2c", "grpc")]
     container = Container.run(images, images["serving"]["ref"], name, spec["command"] + spec["args"], env,
                               {models_dir: "/mnt/models"}, {host: port for port, host in published.items()},
                               user=spec.get("securityContext", {}).get("runAsUser"),
                               limits=predictor_limits(manifest, spec))
-    return container, f"http://127.0.0.1:{rest}", key, spec
+    return container, f"http://127.0.0.1:{published[rest]}", key, spec
 
 
 def post(url: str, body: dict | bytes, key: str | None, content_type: str = "application/json") -> tuple[int, dict]:

@@ -21,6 +21,11 @@ depends on it:
   RawDeployment: the webhook's deploymentMode annotation, 0.13's status (latestCreatedRevision is the
   Deployment's revision, Ready is its Available, True while old pods run), and the predictor Deployment at
   apps/v1 (a rolling update; a failed revision ends in ProgressDeadlineExceeded).
+- KServe's composition: a spec that names the shipped ClusterServingRuntime (deploy/kserve/servingruntime.yaml)
+  is merged with it as KServe merges them and checked as Knative's webhook (serverless) or the API server (the
+  raw Deployment) would (support.kserve_compose). A pod they would refuse makes no revision at all: KServe's
+  write of the Knative Service or the Deployment is refused, its reconcile fails and the status stays where it
+  was. The reasons are kept in `refused`.
 - RBAC: only the verbs the Role in deploy/kubeflow/rbac.yaml grants, in its namespace, else 403 (`forbidden`
   refuses everything); 401 for a wrong token.
 - Faults on demand: `fail_next(method, resource, code)` answers the next matching request with that code;
@@ -45,6 +50,7 @@ from typing import Any
 
 import yaml
 from support.http import send_json
+from support.kserve_compose import KNATIVE, RAW, ComposeError, compose, pod_errors
 
 from settings import REPO
 
@@ -60,6 +66,7 @@ NOT_PROPAGATED = ("autoscaling.knative.dev/min-scale", "autoscaling.knative.dev/
 VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 MERGE_PATCH, JSON_PATCH = "application/merge-patch+json", "application/json-patch+json"
 ROLE_FILE = REPO / "deploy" / "kubeflow" / "rbac.yaml"
+RUNTIME_FILE = REPO / "deploy" / "kserve" / "servingruntime.yaml"
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -112,6 +119,7 @@ class KubernetesStandin:
         self.reconcile_delay_s = reconcile_delay_s
         self.ready_delay_s = ready_delay_s
         self.fail_revisions = ""  # non-empty: revisions made from now on fail with this message
+        self.refused: list[str] = []  # why KServe could not make the pod of a spec (no revision was made)
         self.forbidden = False
         self.objects: dict[tuple[str, str, str], dict] = {}  # (resource, namespace, name) -> object
         self.revisions: dict[tuple[str, str], list[dict]] = {}  # InferenceService -> its revisions, oldest first
@@ -152,8 +160,27 @@ class KubernetesStandin:
         notes = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in NOT_PROPAGATED}
         return [obj.get("spec"), meta.get("labels") or {}, notes]
 
+    def _refusal(self, obj: dict) -> str:
+        """Why KServe could not make this spec's predictor pod from the shipped runtime; "" when it can, or when the
+        spec names another runtime (which this stand-in does not hold)."""
+        (runtime,) = [d for d in yaml.safe_load_all(RUNTIME_FILE.read_text()) if d]
+        model = ((obj.get("spec") or {}).get("predictor") or {}).get("model") or {}
+        if model.get("runtime") != runtime["metadata"]["name"]:
+            return ""
+        try:
+            container = compose(runtime, obj)
+        except ComposeError as exc:
+            return str(exc)
+        return "; ".join(pod_errors(container, RAW if self.mode == "RawDeployment" else KNATIVE))
+
     def _new_revision(self, key: tuple[str, str], obj: dict) -> None:
+        refused = self._refusal(obj)
+        if refused:
+            self.refused.append(refused)
+            return
         revisions = self.revisions.setdefault(key, [])
+        if revisions and revisions[-1]["template"] == self._template(obj):  # back to what runs after a refusal
+            return
         now = time.monotonic()  # the delays as they are when the change is made
         revisions.append({"name": f"{key[1]}-predictor-{len(revisions) + 1:05d}", "fails": self.fail_revisions,
                           "created_at": now + self.reconcile_delay_s,

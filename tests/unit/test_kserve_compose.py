@@ -11,16 +11,23 @@
 - Kubernetes' one-handler-per-probe and port-name rules (pkg/apis/core/validation/validation.go validateHandler,
   validateContainerPorts), on cases written here (upstream's own cases for them were not read).
 
+Then every InferenceService the pipeline writes, merged with the shipped ClusterServingRuntime, through them all.
+
 Inputs and expected outputs are transcribed as data; nothing of upstream's code is.
 """
 
 from __future__ import annotations
 
 import pytest
-from support.kserve_compose import (CONTAINER, KNATIVE, KSERVE_RELEASES, RAW, Field, Port, Probe,
-                                    StrategicMergeError, core_container_errors, executed_probes,
+import yaml
+from support.kserve_compose import (CONTAINER, KNATIVE, KSERVE_RELEASES, MODES, RAW, Field, Port, Probe,
+                                    StrategicMergeError, compose, core_container_errors, executed_probes,
                                     knative_container_errors, knative_deployment_container, merge_runtime_containers,
                                     pod_errors, serving_port, strategic_merge_patch)
+
+from pipeline.kserve_deploy import GRPC_PROTOCOL, PROTOCOLS, inference_service
+from pipeline.networkpolicy import network_policy
+from settings import REPO
 
 # ---------------------------------------------------------------- KServe: MergeRuntimeContainers
 
@@ -439,3 +446,89 @@ def test_raw_mode_defaults_a_tcp_readiness_probe_and_targets_the_first_port():
     assert serving_port(grpc, RAW, KSERVE_RELEASES[0]) == Port(8081, "h2c", False)  # 0.13: no appProtocol
     assert serving_port(grpc, RAW, KSERVE_RELEASES[-1]) == Port(8081, "h2c", True)
     assert serving_port(bare, RAW) == Port(8080, "", False)
+
+
+# ---------------------------------------------------------------- the project's manifests, composed
+
+RUNTIME_FILE = REPO / "deploy" / "kserve" / "servingruntime.yaml"
+#: serving.kserve_runtime's listeners, named by its flags (serving/kserve_runtime/cli.py): REST (HTTP/1.1: the
+#: KServe v1 and v2 paths and the probes' /v2/health/live and /v2/health/ready) and Open Inference gRPC.
+LISTENER_FLAGS = {"--http-port": "http", "--grpc-port": "grpc"}
+#: What the gateway answers 200 only while a worker of the model is READY (serving/gateway/app.py
+#: ready -> serving/kserve_runtime/torchserve.py ready).
+MODEL_LOADED_PATH = "/v2/health/ready"
+#: Knative's queue-proxy ports (knative.dev/networking BackendHTTPPort, BackendHTTP2Port): where requests reach a
+#: serverless pod before the queue-proxy calls the serving port over the pod's loopback.
+QUEUE_PROXY_HTTP, QUEUE_PROXY_H2C = 8012, 8013
+
+
+def shipped_runtime() -> dict:
+    (doc,) = [d for d in yaml.safe_load_all(RUNTIME_FILE.read_text()) if d]
+    return doc
+
+
+def written(protocol: str) -> dict:
+    """The InferenceService the pipeline's deploy task writes for `protocol`."""
+    return inference_service("embedding", "models", "s3://models/embedding/1.0", protocol, "embedding", "1.0")
+
+
+def listeners(container: dict) -> dict[int, str]:
+    """{port: "http" | "grpc"} the container's process listens on, read from its (merged) args."""
+    out = {}
+    for arg in container.get("args", []):
+        flag, _, value = arg.partition("=")
+        if flag in LISTENER_FLAGS:
+            out[int(value)] = LISTENER_FLAGS[flag]
+    return out
+
+
+def test_the_runtime_declares_no_ports_and_no_probes_as_kserve_torchserve_does():
+    """kserve/kserve config/runtimes/kserve-torchserve.yaml (v0.13.1, v0.15.2) declares neither: whatever a runtime
+    declares, an InferenceService can only add to (ports merge by containerPort, probes field by field)."""
+    (container,) = shipped_runtime()["spec"]["containers"]
+    assert not {"ports", "readinessProbe", "livenessProbe", "startupProbe"} & set(container)
+    assert set(listeners(container).values()) == {"http", "grpc"}
+
+
+@pytest.mark.parametrize("release", KSERVE_RELEASES, ids=[f"kserve-{r.kserve}" for r in KSERVE_RELEASES])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_written_inference_service_composes_into_a_pod_that_is_ready_when_the_model_is(protocol, mode, release):
+    """The shipped ClusterServingRuntime merged with each InferenceService the pipeline writes, as KServe merges
+    them, passes Knative's and Kubernetes' checks in both modes; requests reach the listener of the protocol
+    (h2c-routed for gRPC under Knative), readiness calls the path that means the model is loaded, on the REST
+    listener, and liveness calls something the pod answers on the port it really calls."""
+    container = compose(shipped_runtime(), written(protocol))
+    assert pod_errors(container, mode) == []
+    listening = listeners(container)
+    port = serving_port(container, mode, release)
+    assert listening.get(port.number) == ("grpc" if protocol == GRPC_PROTOCOL else "http")
+    if mode == KNATIVE:
+        assert port.h2c == (protocol == GRPC_PROTOCOL)
+    probes = executed_probes(container, mode)
+    ready = probes["readinessProbe"]
+    assert (ready.handler, ready.path, listening.get(ready.port)) == ("httpGet", MODEL_LOADED_PATH, "http")
+    live = probes["livenessProbe"]
+    if live.handler == "httpGet":
+        assert listening.get(live.port) == "http"
+    else:
+        assert live.handler == "tcpSocket" and live.port in listening
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_network_policy_lets_requests_reach_every_composed_predictor(protocol, mode):
+    """deploy/kserve/networkpolicy.yaml opens, to the ingress path, the port each composed predictor is reached on:
+    raw, the Service's target port; Knative, the queue-proxy's port for the protocol; and the runtime's metrics
+    port to the monitoring namespace."""
+    policy = network_policy()
+    anyone = {p["port"] for rule in policy["spec"]["ingress"] if "from" not in rule for p in rule["ports"]}
+    container = compose(shipped_runtime(), written(protocol))
+    port = serving_port(container, mode)
+    reached_on = port.number if mode == RAW else QUEUE_PROXY_H2C if port.h2c else QUEUE_PROXY_HTTP
+    assert reached_on in anyone
+    metrics = int(shipped_runtime()["spec"]["annotations"]["prometheus.kserve.io/port"])
+    monitoring = {p["port"] for rule in policy["spec"]["ingress"] for peer in rule.get("from", [])
+                  if peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+                  == "monitoring" for p in rule["ports"]}
+    assert metrics in monitoring

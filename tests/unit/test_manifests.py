@@ -211,6 +211,6 @@ def test_validate_file_reads_every_document(tmp_path):
 def test_kserve_inference_service_passes_the_official_schema():
     from pipeline.kserve_deploy import inference_service
 
-    for protocol in ("v1", "v2"):
+    for protocol in ("v1", "v2", "grpc-v2"):
         validate(inference_service("embedding", "models", "s3://bucket/embedding/1.0", protocol, "embedding", "1.0",
                                    runtime="kserve-torchserve", service_account="storage"))

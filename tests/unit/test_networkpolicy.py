@@ -1,6 +1,6 @@
-"""deploy/kserve/networkpolicy.yaml: valid against the NetworkPolicy schema (deploy/schemas), Knative's system
-namespace reaches the queue-proxy's ports, the monitoring namespace the metrics port, and both names are
-parameters of `python -m pipeline.networkpolicy`."""
+"""deploy/kserve/networkpolicy.yaml: valid against the NetworkPolicy schema (deploy/schemas), callers reach the
+predictor's REST and gRPC ports, Knative's system namespace the queue-proxy's ports, the monitoring namespace the
+metrics port, and both names are parameters of `python -m pipeline.networkpolicy`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from pipeline.kserve_deploy import METRICS_PORT
+from settings import KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT
 from pipeline.manifests import ManifestError, validate, validate_file
 from pipeline.networkpolicy import POLICY_FILE, main, network_policy
 
@@ -35,7 +36,7 @@ def ports_from(policy: dict, namespace: str | None) -> set[int]:
 def test_shipped_policy_is_valid_and_opens_what_knative_and_prometheus_need():
     (policy,) = validate_file(POLICY_FILE)
     anyone = ports_from(policy, None)
-    assert anyone == {8080, QUEUE_PROXY["http"], QUEUE_PROXY["h2c"]}
+    assert anyone == {KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, QUEUE_PROXY["http"], QUEUE_PROXY["h2c"]}
     knative = ports_from(policy, "knative-serving")
     assert {QUEUE_PROXY["autoscaler"], QUEUE_PROXY["http"], QUEUE_PROXY["admin"]} <= knative
     assert METRICS_PORT not in knative | anyone  # the model's metrics are not Knative's business
@@ -70,6 +71,18 @@ def test_a_policy_file_without_the_monitoring_rule_is_refused(tmp_path):
     text = POLICY_FILE.read_text().replace("kubernetes.io/metadata.name: monitoring", "team: monitoring")
     (tmp_path / "policy.yaml").write_text(text)
     with pytest.raises(ManifestError, match="no ingress rule selects the namespace 'monitoring'"):
+        network_policy(path=tmp_path / "policy.yaml")
+
+
+@pytest.mark.parametrize("port", [KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT])
+def test_a_policy_file_that_closes_a_serving_port_is_refused(tmp_path, port):
+    """A raw-mode Service targets the predictor's port itself (8081 for grpc-v2): without it, that protocol is
+    unreachable."""
+    policy = yaml.safe_load(POLICY_FILE.read_text())
+    (open_rule,) = [rule for rule in policy["spec"]["ingress"] if "from" not in rule]
+    open_rule["ports"] = [p for p in open_rule["ports"] if p["port"] != port]
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+    with pytest.raises(ManifestError, match=f"no ingress rule opens the predictor's .* port {port} to callers"):
         network_policy(path=tmp_path / "policy.yaml")
 
 
