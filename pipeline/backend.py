@@ -7,6 +7,9 @@ even for constant values (`secretNameParameter` beside `secretName`, `resourceCp
 so `for_oldest` drops each such twin where the older field says the same: every backend from 2.4 on reads the
 older field when the newer one is absent. What is left names the backend it needs (`required`).
 
+The run id: a task learns its KFP run's id from its pod's `pipeline/runid` label (see RUN_ID_LABEL), not from
+`{{$.pipeline_job_uuid}}`, which only drivers from 2.5.0 on resolve.
+
 Nothing here imports kfp: `python -m pipeline submit` checks the backend before anything else.
 """
 
@@ -14,16 +17,31 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
-Version = tuple[int, int, int]
+from . import releases
+from .releases import Version
 
-#: The oldest backend the default package runs on: Kubeflow 1.9.1's. Its API server's and driver's messages
-#: are those of requirements-kfp-oldest.txt; tests/integration/test_backend_compat.py parses every package with
-#: them. The pipeline image (uid 10001) needs less: launchers before 2.0.2 create artifact directories with mode
-#: 0644, which a non-root user cannot enter; those before 2.3.0 mount no emptyDir at /gcs, /minio and /s3, so
-#: the image pre-creates them.
-OLDEST: Version = (2, 3, 0)
+#: The oldest backend the default package runs on: the oldest in pipeline.releases (Kubeflow 1.9.1's). Its API
+#: server's and driver's messages are those of requirements/kfp-oldest.txt; tests/integration/test_backend_compat.py
+#: parses every package with them. The pipeline image (uid 10001) needs less: launchers before 2.0.2 create artifact
+#: directories with mode 0644, which a non-root user cannot enter; those before 2.3.0 mount no emptyDir at /gcs,
+#: /minio and /s3, so the image pre-creates them.
+OLDEST: Version = releases.OLDEST.kfp
+
+#: The label the KFP API server puts on every pod of a run, holding the run's id: RunWorkflow sets it on the
+#: Workflow's spec.podMetadata (backend/src/apiserver/template/v2_template.go, SetPodMetadataLabels with
+#: util.LabelKeyWorkflowRunId = "pipeline/runid"), as the ScheduledWorkflow controller does for recurring runs
+#: (backend/src/crd/controller/scheduledworkflow/util/scheduled_workflow.go), at kubeflow/pipelines 2.3.0 through
+#: 2.16.0. It is the value the 2.5.0+ drivers give {{$.pipeline_job_uuid}} (their --run_id, {{workflow.uid}},
+#: which the API server replaces with the same run id: Workflow.ReplaceUID).
+RUN_ID_LABEL = "pipeline/runid"
+#: The deploy task's environment variable holding it, through the Kubernetes downward API
+#: (kfp.kubernetes.use_field_path_as_env: KubernetesExecutorConfig.field_path_as_env, which every driver from
+#: 2.3.0 on turns into an env var with a fieldRef: extendPodSpecPatch in backend/src/v2/driver/driver.go).
+RUN_ID_ENV = "KFP_RUN_ID"
+RUN_ID_FIELD_PATH = f"metadata.labels['{RUN_ID_LABEL}']"
+_UNRESOLVED = re.compile(r"\{\{\$[^}]*\}\}")
 
 
 @dataclass(frozen=True)
@@ -140,3 +158,16 @@ def _pvc_same(parameter: dict, old: str, value: Any) -> bool:
     if old == "componentInputParameter":
         return parameter == {"componentInputParameter": value}
     return parameter == {"taskOutputParameter": value}
+
+
+def run_id(passed: str, environ: Mapping[str, str]) -> str:
+    """The KFP run id of the task: RUN_ID_ENV where the pod has it (every supported backend), else `passed` (the
+    run_id input, {{$.pipeline_job_uuid}}: kfp.local resolves it). ValueError, one line, when neither names a run:
+    a deploy record must not carry an unresolved placeholder."""
+    from_label = (environ.get(RUN_ID_ENV) or "").strip()
+    if from_label:
+        return from_label
+    if passed and not _UNRESOLVED.search(passed):
+        return passed
+    raise ValueError(f"no run id: ${RUN_ID_ENV} (the pod's {RUN_ID_LABEL} label) is not set and run_id is "
+                     f"{passed!r}; the backend resolved neither")

@@ -189,22 +189,25 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
     """Publish the KServe model store and create or patch the InferenceService; returns its URL.
 
     What was deployed (accuracy, open-set rejection, version, .mar SHA-256, run id) is recorded in the
-    ConfigMap `<service>-deployed-model` once the new revision serves: the next run's gate reads it. Storage credentials come from the mounted
-    storage Secret's files (pipeline.params.storage_environment).
+    ConfigMap `<service>-deployed-model` once the new revision serves: the next run's gate reads it. Storage
+    credentials come from the mounted storage Secret's files (pipeline.params.storage_environment). The run id is
+    the pod's run-id label where the pipeline sets it as $KFP_RUN_ID, else `run_id` (pipeline.backend.run_id).
     """
     import json
     import os
     from pathlib import Path
 
     from handler.artifacts import sha256_file
+    from pipeline.backend import run_id as resolved_run_id
     from pipeline.gate import annotations_for
     from pipeline.kserve_deploy import KServeTarget, deploy
     from pipeline.params import storage_environment
 
+    recorded_run = resolved_run_id(run_id, os.environ)  # before anything is published
     os.environ.update(storage_environment())
     path = Path(mar.path) / f"{model_name}.mar"
     notes = annotations_for(float(mar.metadata["accuracy"]), float(mar.metadata["open_set_rejection"]),
-                            model_version, sha256_file(path), run_id)
+                            model_version, sha256_file(path), recorded_run)
     target = KServeTarget(storage_uri=storage_uri, model_uri=model_uri, namespace=namespace,
                           service_name=service_name, protocol=protocol, runtime=runtime,
                           service_account=service_account, api_key_secret=api_key_secret,

@@ -15,6 +15,7 @@ from kfp.compiler.compiler_utils import _cpu_to_float, _memory_to_float
 
 from settings import PVC_MOUNT_DEFAULT
 
+from .backend import RUN_ID_ENV, RUN_ID_FIELD_PATH
 from .components import (archive, build_index, check_quality, compare_with_deployed, deploy_kserve, deploy_local,
                          evaluate, load_data, train)
 from .options import CompileOptions
@@ -99,9 +100,14 @@ def _graph(p: dict[str, Any], options: CompileOptions) -> None:
 
 def _deploy_kserve(task: _Tasks, secret: Any, inputs: dict[str, Any]) -> dsl.PipelineTask:
     """The deploy-kserve task with the storage Secret mounted, optional (so are its keys): nothing secret is
-    ever a pipeline parameter. The task reads the credentials from the files (params.storage_environment)."""
+    ever a pipeline parameter. The task reads the credentials from the files (params.storage_environment).
+
+    The run id for the deploy record comes from the pod's own run-id label as an environment variable
+    (pipeline.backend.RUN_ID_LABEL): drivers before 2.5.0 pass the run_id input, {{$.pipeline_job_uuid}}, through
+    unresolved, while every supported driver sets field-path variables."""
     deploy = task(deploy_kserve(**inputs)).set_caching_options(False)
     kubernetes.use_secret_as_volume(deploy, secret_name=secret, mount_path=STORAGE_SECRET_MOUNT, optional=True)
+    kubernetes.use_field_path_as_env(deploy, env_name=RUN_ID_ENV, field_path=RUN_ID_FIELD_PATH)
     return deploy
 
 

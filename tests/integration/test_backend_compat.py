@@ -221,6 +221,41 @@ def test_the_storage_secret_is_a_constant_optional_volume(packages):
     assert "pvcMount" not in configs["exec-load-data"]
 
 
+def test_the_deploy_tasks_take_the_run_id_from_their_pod_label(packages, oldest):
+    """The run id reaches the deploy record on 2.3.0 too: a field-path env var, which the oldest driver's messages
+    (kfp-kubernetes 1.3.0's FieldPathAsEnv) parse; {{$.pipeline_job_uuid}} stays the fallback input."""
+    spec, platform, _ = packages["default"]
+    configs = backend.executor_configs(platform)
+    for name in ("exec-deploy-kserve", "exec-deploy-kserve-2"):
+        assert configs[name]["fieldPathAsEnv"] == [{"name": backend.RUN_ID_ENV,
+                                                    "fieldPath": "metadata.labels['pipeline/runid']"}]
+        assert oldest[1]["default"][name] is None
+    assert all("fieldPathAsEnv" not in config for name, config in configs.items() if "deploy-kserve" not in name)
+
+
+def test_the_pinned_sdk_writes_optional_on_every_secret_as_env(tmp_path):
+    """Why the package has no secretAsEnv at all: kfp-kubernetes from 2.15 writes `optional` even when it is
+    false, which backends before 2.15 refuse (kubeflow/pipelines#12495)."""
+    from importlib.metadata import version
+
+    from kfp import dsl, kubernetes
+
+    @dsl.component(base_image=IMAGE, install_kfp_package=False, packages_to_install=[])
+    def task() -> None:
+        pass
+
+    @dsl.pipeline(name="secret-env")
+    def secret_env() -> None:
+        kubernetes.use_secret_as_env(task(), secret_name="s", secret_key_to_env={"k": "K"})
+
+    spec, platform = _raw_compile(secret_env, tmp_path / "secret-env.yaml")
+    backend.for_oldest(spec, platform)
+    assert int(version("kfp-kubernetes").split(".")[0]) >= 2
+    (env,) = backend.executor_configs(platform)["exec-task"]["secretAsEnv"]
+    assert env["optional"] is False
+    assert backend.required(spec, platform)[0] == (2, 15, 0)
+
+
 def test_a_data_claim_is_mounted_in_the_load_data_task(packages):
     _, platform, _ = packages["data-pvc-claim"]
     (mount,) = backend.executor_configs(platform)["exec-load-data"]["pvcMount"]
