@@ -19,7 +19,7 @@ from cli_common import UsageError as PathError
 from owned_paths import replaceable_file, starts_with
 from serving.server import ServerError
 
-from . import backend, images, local_command, preflight, rollback
+from . import backend, images, local_command, preflight, releases, rollback
 from . import options as O
 from . import params as P
 
@@ -58,6 +58,22 @@ def _host(text: str) -> str:
     return text
 
 
+def _backend_version(text: str) -> backend.Version:
+    """argparse type: a KFP backend version, X.Y.Z."""
+    version = backend.parse_version(text)
+    if version is None or backend.version_text(version) != text.removeprefix("v"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a version X.Y.Z")
+    return version
+
+
+def _unnamed_text() -> str:
+    """The supported releases whose KFP API server does not name its version, as "KFP 2.4.1 (Kubeflow 1.10.0), ..."."""
+    by_kfp: dict[str, list[str]] = {}
+    for release in releases.unnamed_kfp():
+        by_kfp.setdefault(release.kfp_text, []).append(release.kubeflow)
+    return ", ".join(f"KFP {kfp} (Kubeflow {' and '.join(kubeflow)})" for kfp, kubeflow in by_kfp.items())
+
+
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m pipeline", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -72,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--namespace", default=None, help="user namespace on multi-user clusters")
     s.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default: ${TOKEN_ENV})")
     s.add_argument("--run-name", default=None, help="name of the run (default: the pipeline's name and the time)")
+    s.add_argument("--backend-version", type=_backend_version, default=None, metavar="X.Y.Z",
+                   help="the KFP backend's version, for a backend whose healthz does not say it (the images of "
+                        f"{_unnamed_text()} answer 'unknown'): submit refuses a backend it cannot verify")
     O.add_arguments(s)
     P.add_arguments(s)
     r = sub.add_parser("run-local", help="run every task here with kfp.local (subprocesses of this Python)")
@@ -296,16 +315,29 @@ def _backend_health(host: str, token: str | None) -> dict:
     return health
 
 
-def _check_version(host: str, health: dict, needed: backend.Version, why: str) -> None:
-    """Refuse a backend older than the compiled package needs; warn when it does not say its version."""
+def _check_version(host: str, health: dict, needed: backend.Version, why: str,
+                   stated: backend.Version | None = None) -> None:
+    """Refuse a backend older than the compiled package needs, and one whose version is not known: healthz's
+    `tag_name`, else the --backend-version the user states. A backend newer than the newest supported release
+    (pipeline.releases) is accepted with a warning: its messages are a superset of those the package was
+    checked against."""
     tag = health.get("tag_name")
-    version = backend.parse_version(tag)
+    reported = backend.parse_version(tag)
     minimum = backend.version_text(needed)
+    if reported is not None and stated is not None and reported != stated:
+        raise CliError(f"--backend-version {backend.version_text(stated)}, but {host} reports KFP backend {tag}")
+    version = reported or stated
     if version is None:
-        print(f"pipeline: warning: {host} does not report its Kubeflow Pipelines version (healthz tag_name "
-              f"{tag!r}); this package needs {minimum} or later: {why}", file=sys.stderr)
-    elif version < needed:
-        raise CliError(f"KFP backend {tag} is older than {minimum}, which this package needs: {why}")
+        raise CliError(f"{host} does not report its Kubeflow Pipelines version (healthz tag_name {tag!r}, as the "
+                       f"images of {_unnamed_text()} answer), so this package's need for {minimum} or later "
+                       f"cannot be checked: pass --backend-version with the version your Kubeflow ships")
+    shown = tag if reported else f"{backend.version_text(version)} (--backend-version)"
+    if version < needed:
+        raise CliError(f"KFP backend {shown} is older than {minimum}, which this package needs: {why}")
+    newest = releases.NEWEST
+    if version > newest.kfp:
+        print(f"pipeline: warning: KFP backend {shown} is newer than the newest supported, {newest.kfp_text} "
+              f"(Kubeflow {newest.kubeflow}); going on", file=sys.stderr)
 
 
 def _submit(args: argparse.Namespace, values: dict[str, Any], image: str, options: O.CompileOptions) -> None:
@@ -329,7 +361,7 @@ def _submit(args: argparse.Namespace, values: dict[str, Any], image: str, option
         try:
             health = _backend_health(host, args.token)
             package, needed, why = _compile(Path(tmp) / "pipeline.yaml", image, options)
-            _check_version(host, health, needed, why)
+            _check_version(host, health, needed, why, args.backend_version)
             if health.get("multi_user") and not args.namespace and not os.path.exists(Client._NAMESPACE_PATH):
                 raise CliError(f"{host} is a multi-user Kubeflow Pipelines: pass --namespace (your profile namespace)")
             client = _Client(host=host, existing_token=args.token, namespace=args.namespace or "kubeflow")

@@ -13,7 +13,7 @@ import yaml
 from serving.server import free_ports
 from support.kfp_standin import API, KfpStandin
 
-from pipeline import backend, images
+from pipeline import backend, images, releases
 from pipeline import params as P
 from settings import REPO
 
@@ -192,14 +192,67 @@ def test_an_opt_in_feature_needs_its_backend(cli_main, tag, accepted):
     assert declared["storage_secret"]["defaultValue"] == "team-storage"
 
 
-def test_submit_warns_when_the_backend_has_no_version_and_goes_on(tmp_path):
+def test_submit_refuses_a_backend_that_does_not_say_its_version(tmp_path):
+    """What it cannot verify is refused, before anything is uploaded, unless the user states the version."""
     with KfpStandin(tag_name=None) as standin:
         proc = _submit(standin, tmp_path, "--image", IMAGE)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pipeline: warning: ") and "does not report" in lines[0]
-    assert "this package needs 2.3.0 or later" in lines[0]
-    assert standin.calls() == SUBMIT_CALLS
+    assert proc.returncode == 1
+    line = _error_line(proc)
+    assert "does not report its Kubeflow Pipelines version (healthz tag_name None" in line
+    assert "KFP 2.4.1 (Kubeflow 1.10.0)" in line and "--backend-version" in line
+    assert "this package's need for 2.3.0 or later cannot be checked" in line
+    assert standin.calls() == [f"GET {API}/healthz"]
+
+
+@pytest.mark.parametrize("release", releases.RELEASES, ids=[r.kubeflow for r in releases.RELEASES])
+def test_submit_to_each_supported_release(cli_main, release):
+    """Each supported Kubeflow's KFP API server answers healthz as its image does (pipeline.releases): a backend
+    that names its version is checked against it; one that answers "unknown" is refused, and accepted once the
+    user states the version."""
+    for stated in ((), ("--backend-version", release.kfp_text)):
+        with KfpStandin(tag_name=release.healthz_tag) as standin:
+            code, _, err = cli_main("submit", "--host", standin.url, "--image", IMAGE, *stated)
+        if release.kfp_names_version or stated:
+            assert code == 0 and standin.calls() == SUBMIT_CALLS, err
+            assert "warning" not in err
+        else:
+            assert code == 1 and standin.calls() == [f"GET {API}/healthz"]
+            assert "healthz tag_name 'unknown'" in err and release.kubeflow in err and release.kfp_text in err
+
+
+def test_the_stated_version_is_checked_like_a_reported_one(cli_main):
+    with KfpStandin(tag_name="unknown") as standin:
+        code, _, line = cli_main("submit", "--host", standin.url, "--image", IMAGE, "--backend-version", "2.4.1",
+                                 "--secret-name-parameter")
+    assert code == 1 and standin.calls() == [f"GET {API}/healthz"]
+    assert line == ("pipeline: error: KFP backend 2.4.1 (--backend-version) is older than 2.5.0, which this package "
+                    "needs: a Secret's name from a run parameter (exec-deploy-kserve)")
+
+
+def test_a_stated_version_that_contradicts_the_backend_is_refused(cli_main):
+    with KfpStandin(tag_name="2.3.0") as standin:
+        code, _, line = cli_main("submit", "--host", standin.url, "--image", IMAGE, "--backend-version", "2.5.0")
+    assert code == 1 and standin.calls() == [f"GET {API}/healthz"]
+    assert line == f"pipeline: error: --backend-version 2.5.0, but {standin.url} reports KFP backend 2.3.0"
+
+
+def test_a_backend_newer_than_the_table_is_accepted_with_a_warning(cli_main):
+    with KfpStandin(tag_name="2.17.0") as standin:
+        code, _, err = cli_main("submit", "--host", standin.url, "--image", IMAGE)
+    assert code == 0 and standin.calls() == SUBMIT_CALLS
+    (warning,) = [line for line in err.splitlines() if "warning" in line]
+    assert warning == ("pipeline: warning: KFP backend 2.17.0 is newer than the newest supported, 2.16.0 "
+                       "(Kubeflow 26.03); going on")
+
+
+@pytest.mark.parametrize("text", ["2.5", "latest", "2.5.0-rc.1"])
+def test_a_backend_version_that_is_no_version_is_a_usage_error(capsys, text):
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["submit", "--host", "http://127.0.0.1:9", "--image", IMAGE, "--backend-version", text])
+    assert exited.value.code == 2
+    assert f"argument --backend-version: '{text}' is not a version X.Y.Z" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("tag, version", [("2.0.2", (2, 0, 2)), ("v2.3.0-rc.1", (2, 3, 0)), ("2.14.3", (2, 14, 3)),
@@ -209,7 +262,7 @@ def test_backend_version_reads_healthz_tag_names(tag, version):
 
 
 def test_the_oldest_backend_is_one_constant():
-    assert backend.OLDEST == (2, 3, 0)
+    assert backend.OLDEST == releases.OLDEST.kfp == (2, 3, 0)
     assert all(feature.since > backend.OLDEST for feature in backend.FEATURES.values())
 
 

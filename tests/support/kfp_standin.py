@@ -3,7 +3,9 @@ reaches through the real kfp client, each request recorded.
 
 What kfp 2.17 (kfp.client.Client, kfp_server_api 2.17.3) calls during a submit:
   GET  /apis/v2beta1/healthz            the CLI's backend check (the API server's own JSON handler:
-                                        {"commit_sha", "tag_name", "multi_user"})
+                                        {"commit_sha", "tag_name", "multi_user"}; tag_name is the image's
+                                        TAG_NAME, "unknown" where built without one: pipeline.releases'
+                                        healthz_tag per supported release)
   GET  /apis/v2beta1/experiments        create_experiment -> get_experiment: list filtered by display_name
   POST /apis/v2beta1/experiments        create_experiment, when none has the name
   POST /apis/v2beta1/runs               run_pipeline: the compiled spec inline (pipeline_spec) and the
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from pipeline import releases
 from serving.server import free_ports
 from support.http import send_json
 
@@ -47,9 +50,10 @@ class Request:
 
 @dataclass
 class KfpStandin:
-    """`tag_name=None` leaves the key out of healthz; `failures` maps a route name to (status, message)."""
+    """`tag_name=None` leaves the key out of healthz; `failures` maps a route name to (status, message). The default
+    answers as the oldest supported release's API server does."""
 
-    tag_name: str | None = "2.3.0"
+    tag_name: str | None = releases.OLDEST.healthz_tag
     multi_user: bool = False
     failures: dict[str, tuple[int, str]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
