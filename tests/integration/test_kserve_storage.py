@@ -1,9 +1,9 @@
 """Publishing the KServe model store: S3 (a real S3 API server on loopback) read back by KServe's own storage
 code, a mounted PVC, and the refusals (local paths for a cluster, missing credentials) on one line.
 
-The read-back runs the storage code of the oldest and the newest KServe the project supports (support/kserve_versions:
-0.13.1 inside the kserve package, kserve-storage 0.21.0), each in its own environment and given only the S3
-variables that release reads, as checked against its installed source here."""
+The read-back runs the storage code of the KServe releases the project supports and of the newest upstream
+(support/kserve_versions: 0.13.1 and 0.15.2 inside the kserve package, kserve-storage 0.21.0), each in its own
+environment and given only the S3 variables that release reads, as checked against its installed source here."""
 
 from __future__ import annotations
 

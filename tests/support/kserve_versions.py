@@ -1,5 +1,7 @@
-"""KServe's storage-initializer code at the oldest and the newest release the project supports, each in its own
-virtual environment (scripts/kserve-storage-venv.sh <requirements>), and the S3 settings each one reads.
+"""KServe's storage-initializer code of the KServe releases the project supports (pipeline.releases) and of the
+newest upstream, each in its own virtual environment (scripts/kserve-storage-venv.sh <requirements>), and the S3
+settings each one reads. `STORAGE` says which exercised code each supported KServe release runs (`for_release`); a
+supported release it does not list is named by `unexercised()`, which the docs state.
 
 The table was written after reading each release's storage module (named in `source`); the tests check it against
 the module installed in that environment (`s3_settings_in`), so a release that reads other variables fails there
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from support.venvs import venv_python
+
+from pipeline.releases import KSERVE_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,33 @@ OLDEST = KServeStorage(
     "0.13.1", "requirements/kserve-storage-0.13.txt", "kserve", "kserve.storage", "kserve/storage/storage.py",
     "kserve/kserve python/kserve/kserve/storage/storage.py at tag v0.13.1 (inside the kserve package)",
     _S3_ENV_0_13, _STORAGE_CONFIG)
+#: Kubeflow 1.10.1-1.11.0's: 0.15.2 also reads AWS_DEFAULT_REGION itself (the S3 client config, for the legacy endpoint).
+KSERVE_0_15 = KServeStorage(
+    "0.15.2", "requirements/kserve-storage-0.15.txt", "kserve", "kserve.storage", "kserve/storage/storage.py",
+    "kserve/kserve python/kserve/kserve/storage/storage.py at tag v0.15.2 (inside the kserve package)",
+    _S3_ENV_0_13 | {"AWS_DEFAULT_REGION"}, _STORAGE_CONFIG)
 NEWEST = KServeStorage(
     "0.21.0", "requirements/kserve-storage.txt", "kserve-storage", "kserve_storage", "kserve_storage/kserve_storage.py",
     "kserve_storage/kserve_storage.py in the kserve-storage 0.21.0 wheel (python/storage/ in kserve/kserve)",
     _S3_ENV_0_13 | {"AWS_DEFAULT_REGION", "S3_CONNECT_TIMEOUT", "S3_READ_TIMEOUT", "S3_MAX_ATTEMPTS",
                     "S3_MAX_FILE_CONCURRENCY"},
     _STORAGE_CONFIG)
-VERSIONS = (OLDEST, NEWEST)
+VERSIONS = (OLDEST, KSERVE_0_15, NEWEST)
+
+#: Supported KServe release (pipeline.releases) -> the exercised storage code it runs: its own, or one whose
+#: storage module is the same file at both tags (`git diff v0.15.0 v0.15.2 -- python/kserve/kserve/storage/`
+#: in kserve/kserve is empty).
+STORAGE: dict[str, KServeStorage] = {"0.13.1": OLDEST, "0.15.0": KSERVE_0_15, "0.15.2": KSERVE_0_15}
+
+
+def for_release(kserve: str) -> KServeStorage | None:
+    """The exercised storage code a supported KServe release runs, None where none is."""
+    return STORAGE.get(kserve)
+
+
+def unexercised() -> list[str]:
+    """The supported KServe releases (pipeline.releases) whose storage code no test runs."""
+    return [version for version in KSERVE_VERSIONS if version not in STORAGE]
 
 #: Read by botocore, not by KServe's code: what a storage Secret's data gives the storage initializer.
 BOTOCORE_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"})
