@@ -39,6 +39,7 @@ from settings import (CONFIG_FILE, KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, MODEL_
                       write_properties)
 
 from .manifests import ManifestError, validate
+from .releases import RAW_MODE_NAMES
 
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
 PROTOCOLS = ("v1", "v2", "grpc-v2")
@@ -529,13 +530,14 @@ def _revert_patch(before: dict) -> Any:
 
 
 #: KServe's deployment mode without Knative: a Deployment per component, no revisions.
-RAW_MODE, MODE_ANNOTATION = "RawDeployment", "serving.kserve.io/deploymentMode"
+MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 
 
 def is_raw(obj: dict) -> bool:
-    """Raw deployment mode: status.deploymentMode (KServe 0.15) or the annotation its webhook sets (0.13 on)."""
+    """Raw deployment mode: status.deploymentMode (KServe 0.15) or the annotation its webhook sets (0.13 on), under
+    either name (0.16 calls it Standard and still accepts RawDeployment)."""
     notes = (obj.get("metadata") or {}).get("annotations") or {}
-    return RAW_MODE in ((obj.get("status") or {}).get("deploymentMode"), notes.get(MODE_ANNOTATION))
+    return bool(RAW_MODE_NAMES & {(obj.get("status") or {}).get("deploymentMode"), notes.get(MODE_ANNOTATION)})
 
 
 def rollout_state(obj: dict, before: dict | None) -> tuple[str, str]:

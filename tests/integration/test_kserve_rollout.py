@@ -9,6 +9,7 @@ from support.rollout import archive, cluster, deploy_version, entry, pvc, record
 
 from pipeline import kserve_deploy
 from pipeline.kserve_deploy import GROUP, PLURAL, VERSION, KServeError, inference_service
+from pipeline.releases import RAW_MODE_NAMES
 
 
 def writes(cluster, resource: str) -> list[dict]:
@@ -77,10 +78,11 @@ def test_a_record_that_cannot_be_written_says_what_serves(cluster, archive, pvc)
         deploy_version(archive, "2.0", 0.95)
 
 
-def test_raw_deployment_mode_waits_for_the_deployment_rollout(cluster, archive, pvc):
+@pytest.mark.parametrize("mode", sorted(RAW_MODE_NAMES))
+def test_raw_deployment_mode_waits_for_the_deployment_rollout(cluster, archive, pvc, mode):
     """Raw mode's Ready is the Deployment's Available, which the old pod keeps True: only the Deployment's
-    rollout tells when the new version serves."""
-    cluster.mode = "RawDeployment"
+    rollout tells when the new version serves. KServe 0.16 names the mode Standard."""
+    cluster.mode = mode
     deploy_version(archive, "1.0", 0.9)
     cluster.reconcile_delay_s, cluster.ready_delay_s = 0.2, 0.4
     deploy_version(archive, "2.0", 0.95)

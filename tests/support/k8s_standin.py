@@ -52,6 +52,7 @@ import yaml
 from support.http import send_json
 from support.kserve_compose import KNATIVE, RAW, ComposeError, compose, pod_errors
 
+from pipeline.releases import RAW_MODE_NAMES
 from settings import REPO
 
 ISVC = ("serving.kserve.io", "inferenceservices")
@@ -171,7 +172,7 @@ class KubernetesStandin:
             container = compose(runtime, obj)
         except ComposeError as exc:
             return str(exc)
-        return "; ".join(pod_errors(container, RAW if self.mode == "RawDeployment" else KNATIVE))
+        return "; ".join(pod_errors(container, RAW if self.mode in RAW_MODE_NAMES else KNATIVE))
 
     def _new_revision(self, key: tuple[str, str], obj: dict) -> None:
         refused = self._refusal(obj)
@@ -196,7 +197,7 @@ class KubernetesStandin:
         done = [r for r in created if now >= r["done_at"]]
         ready = [r for r in done if not r["fails"]]
         latest = created[-1]
-        if self.mode == "RawDeployment":
+        if self.mode in RAW_MODE_NAMES:
             condition = ({"type": "Ready", "status": "True"} if ready else
                          {"type": "Ready", "status": "False", "reason": "MinimumReplicasUnavailable"})
             status = {"observedGeneration": len(created),
@@ -245,7 +246,7 @@ class KubernetesStandin:
         key = (namespace, name.removesuffix("-predictor"))
         now = time.monotonic()
         created = [r for r in self.revisions.get(key, []) if now >= r["created_at"]]
-        if self.mode != "RawDeployment" or not name.endswith("-predictor") or not created:
+        if self.mode not in RAW_MODE_NAMES or not name.endswith("-predictor") or not created:
             return None
         latest, older = created[-1], [r for r in created[:-1] if now >= r["done_at"] and not r["fails"]]
         done = now >= latest["done_at"]
@@ -329,7 +330,7 @@ class KubernetesStandin:
             obj.pop("status", None)
             if resource == "inferenceservices":
                 obj["metadata"]["generation"] = 1
-                if self.mode == "RawDeployment":  # KServe's defaulting webhook
+                if self.mode in RAW_MODE_NAMES:  # KServe's defaulting webhook
                     obj["metadata"].setdefault("annotations", {})["serving.kserve.io/deploymentMode"] = self.mode
                 self._new_revision((namespace, key[2]), obj)
             self.objects[key] = obj
