@@ -1,4 +1,4 @@
-"""bench/pyproject.toml and requirements-bench.txt agree: the lock pins what the package names, and nothing else
+"""bench/pyproject.toml and requirements/bench.lock agree: the lock pins what the package names, and nothing else
 than those packages and what they need."""
 
 from __future__ import annotations
@@ -50,16 +50,16 @@ def needed_by(roots: list[Requirement]) -> set[str]:
 
 
 def test_each_declared_dependency_is_pinned_alike_in_the_lock():
-    lock = pins(REPO / "requirements-bench.txt")
+    lock = pins(REPO / "requirements/bench.lock")
     for req in declared():
         (spec,) = req.specifier
         assert spec.operator == "==", f"{req}: bench/pyproject.toml pins exactly"
-        assert lock.get(canonical(req.name)) == spec.version, f"{req} vs requirements-bench.txt"
+        assert lock.get(canonical(req.name)) == spec.version, f"{req} vs requirements/bench.lock"
 
 
 def test_the_lock_holds_only_what_the_declared_dependencies_need():
-    lock = pins(REPO / "requirements-bench.txt")
-    product = pins(REPO / "requirements.lock")
+    lock = pins(REPO / "requirements/bench.lock")
+    product = pins(REPO / "requirements/product.lock")
     assert set(lock) <= needed_by(declared())
     assert needed_by(declared()) <= set(lock) | set(product)
     for name, version in lock.items():
