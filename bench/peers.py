@@ -1,4 +1,4 @@
-"""Peer servers around the same `EmbeddingService`: LitServe, and FastAPI + uvicorn.
+"""Peer servers around the same `EmbeddingService`: LitServe, FastAPI + uvicorn, and the project's own python runtime.
 
 Both take the raw PNG body on ``POST /predictions/embedding`` (what TorchServe gets) and use the
 same workers x threads and batching as TorchServe's shipped configuration (model-config.yaml), so on
@@ -13,12 +13,16 @@ the model.
   connection at c=16; see that module), each with a small asyncio micro-batcher that gathers
   requests for up to ``max_batch`` items or ``delay`` after the first and runs one
   `EmbeddingService.answer` per batch on a single executor thread (the event loop keeps accepting).
+- the python runtime (`python -m serving.python_runtime`): the same .mar as TorchServe's (built here from the
+  artifacts), ``workers`` processes each serving HTTP on its own ``SO_REUSEPORT`` socket with the handler core in
+  process and a batcher that never waits (up to ``max_batch`` requests; ``delay`` is not used), behind the KServe
+  gateway and its bearer key, like TorchServe behind its token.
 
 `PeerTree` measures the CPU of a peer's whole process tree per trial, per process (labelled by
 role) and for the whole machine, and `cpu_verdict` says from those figures whether the peer used
 both cores under load and, if not, why.
 
-Neither checks a token: TorchServe's bearer check is the only auth on the loopback.
+LitServe and FastAPI check no token; the python runtime checks its key (`PeerConfig.key`), as TorchServe does.
 """
 
 import asyncio
@@ -44,6 +48,8 @@ from .stats import median, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 PATH = "/predictions/embedding"
+#: The project's second runtime, measured as a peer of TorchServe's.
+PYTHON_RUNTIME = "python"
 
 
 @dataclass(frozen=True)
@@ -53,9 +59,13 @@ class PeerConfig:
     threads: int = 1
     max_batch: int = 8
     batch_delay_ms: float = 5.0
+    #: The bearer key the server checks (the python runtime's INFERENCE_API_KEY); None: it checks none.
+    key: str | None = None
 
     @property
     def label(self) -> str:
+        if self.name == PYTHON_RUNTIME:
+            return f"{self.workers}x{self.threads}, batch {self.max_batch}/never waits (the .mar, python runtime)"
         batching = (f"batch {self.max_batch}/{self.batch_delay_ms:g} ms" if self.max_batch > 1 else "no batching")
         how = {"litserve": "LitServe batching", "fastapi": "asyncio micro-batcher"}.get(self.name, "")
         return f"{self.workers}x{self.threads}, {batching} ({how})"
@@ -67,7 +77,7 @@ class PeerConfig:
         FastAPI's workers each bind their own socket and one that is not listening yet gets no connections, so
         a load started early would land on the first worker alone. LitServe's API servers share one socket.
         """
-        return self.workers if self.name == "fastapi" else 0
+        return self.workers if self.name in ("fastapi", PYTHON_RUNTIME) else 0
 
 
 def load_service(artifacts: Path, threads: int) -> Any:
@@ -151,6 +161,9 @@ def launch(cfg: PeerConfig, artifacts: Path, port: int, log_file: Path) -> subpr
     if cfg.name == "fastapi":
         cmd = [sys.executable, "-m", "bench.fastapi_app", "--host", "127.0.0.1", "--port", str(port),
                "--workers", str(cfg.workers)]
+    elif cfg.name == PYTHON_RUNTIME:
+        cmd = python_runtime_command(artifacts, port, cfg, log_file.parent)
+        env["INFERENCE_API_KEY"] = cfg.key or ""
     elif cfg.name == "litserve":
         cmd = [sys.executable, "-m", "bench.litserve_app", "--artifacts", str(artifacts), "--port", str(port),
                "--workers", str(cfg.workers), "--api-servers", str(cfg.workers), "--threads", str(cfg.threads),
@@ -160,6 +173,21 @@ def launch(cfg: PeerConfig, artifacts: Path, port: int, log_file: Path) -> subpr
     with open(log_file, "ab") as log:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def python_runtime_command(artifacts: Path, port: int, cfg: PeerConfig, workdir: Path) -> list[str]:
+    """`python -m serving.python_runtime` serving the .mar of `artifacts` (built into `workdir` as ./archive.sh
+    builds it) with the repo's config.properties on private loopback ports, `cfg.workers` workers and no gRPC."""
+    from serving.archive import build_mar
+    from serving.server import free_ports
+    from settings import CONFIG_FILE, read_properties, with_ports, write_properties
+
+    store = workdir / "python-runtime-store"
+    mar = build_mar(artifacts, store)
+    config = store / "config.properties"
+    write_properties(with_ports(read_properties(CONFIG_FILE), *free_ports(5)), config)
+    return [sys.executable, "-m", "serving.python_runtime", "--mar", str(mar), "--ts-config", str(config),
+            "--http-host", "127.0.0.1", "--http-port", str(port), "--grpc-port", "0", "--workers", str(cfg.workers)]
 
 
 def listening_processes(root_pid: int, port: int) -> int:
@@ -176,7 +204,7 @@ def listening_processes(root_pid: int, port: int) -> int:
 
 
 def wait_ready(proc: subprocess.Popen, url: str, body: bytes, log_file: Path, timeout: float = 120.0,
-               own_sockets: int = 0) -> float:
+               own_sockets: int = 0, key: str | None = None) -> float:
     """Seconds until a real prediction succeeds (both frameworks answer health checks before the model is up)
     and, with `own_sockets`, until that many processes of the server listen on the port."""
     started = time.monotonic()
@@ -188,7 +216,8 @@ def wait_ready(proc: subprocess.Popen, url: str, body: bytes, log_file: Path, ti
         if own_sockets and port and listening_processes(proc.pid, port) < own_sockets:
             time.sleep(0.3)
             continue
-        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/octet-stream"})
+        headers = {"Content-Type": "application/octet-stream", **({"Authorization": f"Bearer {key}"} if key else {})}
+        request = urllib.request.Request(url, data=body, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
                 if response.status == 200:
@@ -210,7 +239,8 @@ OTHERS_PCT = 10.0
 def label_processes(peer: str, root_pid: int, procs: Iterable[Any]) -> dict[int, str]:
     """pid -> role of each process in a peer's tree, numbered by start time where a role has several processes.
 
-    FastAPI: supervisor, worker (``--worker-index``), resource tracker. LitServe 0.2: main, manager (forked
+    FastAPI: supervisor, worker (``--worker-index``), resource tracker. The python runtime: supervisor, worker
+    (``serving.python_runtime.worker``). LitServe 0.2: main, manager (forked
     before the inference workers), inference worker (spawned), API server (forked after them), resource
     tracker. `procs` are psutil.Process-like objects (pid, cmdline(), create_time()).
     """
@@ -227,10 +257,10 @@ def label_processes(peer: str, root_pid: int, procs: Iterable[Any]) -> dict[int,
 
     def role(pid: int, cmd: str, started: float) -> str:
         if pid == root_pid:
-            return "supervisor" if peer == "fastapi" else "main"
+            return "supervisor" if peer in ("fastapi", PYTHON_RUNTIME) else "main"
         if "resource_tracker" in cmd:
             return "resource tracker"
-        if peer == "fastapi" and WORKER_FLAG in cmd:
+        if (peer == "fastapi" and WORKER_FLAG in cmd) or (peer == PYTHON_RUNTIME and "python_runtime.worker" in cmd):
             return "worker"
         if peer == "litserve" and "multiprocessing.spawn" in cmd:
             return "inference worker"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import secrets
 import shutil
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from .client_batch import v1_bodies, v1_script
 from .data import FASHION_DIR, ServingData, embed_images, gallery_vectors, serving_data
 from .grpc_load import GrpcLoad, GrpcUnavailable
 from .loadgen import LoadError, WrkScript, run_wrk
-from .peers import PATH, PeerConfig, PeerTree, annotate_runs, launch, wait_ready
+from .peers import PATH, PYTHON_RUNTIME, PeerConfig, PeerTree, annotate_runs, launch, wait_ready
 from .procs import stop_group
 from .series import sweep, warm_until_steady
 from .stats import summarize
@@ -43,7 +44,7 @@ DEFAULT_CACHE = cache_root() / "bench"
 QUIET_LOAD = 0.3
 #: Seconds per batched trial at least (--quick's 1 s can end before a request of 64 images is answered).
 BATCHED_MIN_S = 3
-PEER_MODULES = {"litserve": ("litserve", "fastapi", "uvicorn"), "fastapi": ("fastapi", "uvicorn")}
+PEER_MODULES = {"litserve": ("litserve", "fastapi", "uvicorn"), "fastapi": ("fastapi", "uvicorn"), PYTHON_RUNTIME: ()}
 
 
 @dataclass
@@ -77,11 +78,11 @@ class Settings:
             return cls(quick=True, trials=1, duration_s=1, concurrencies=[1, 4], ceiling_batches=[1, 8],
                        ceiling_layouts=[(2, 1)], ceiling_duration_s=0.5, synthetic_size=5_000, gallery_queries=200,
                        latency_queries=20, latency_budget_s=0.2, request_images=32, grpc_processes=1, build_threads=2,
-                       warm=False, peers=["fastapi", "litserve"], batched_concurrencies=[4])
+                       warm=False, peers=["fastapi", "litserve", PYTHON_RUNTIME], batched_concurrencies=[4])
         return cls(quick=False, trials=3, duration_s=3, concurrencies=[1, 4, 16, 64], ceiling_batches=[1, 8, 32, 128],
                    ceiling_layouts=[(2, 1), (1, 2)], ceiling_duration_s=2.0, synthetic_size=1_000_000,
                    gallery_queries=1000, latency_queries=200, latency_budget_s=1.5, request_images=256,
-                   grpc_processes=2, build_threads=2, warm=True, peers=["litserve", "fastapi"])
+                   grpc_processes=2, build_threads=2, warm=True, peers=["litserve", "fastapi", PYTHON_RUNTIME])
 
 
 def log(line: str) -> None:
@@ -202,11 +203,14 @@ def run_peers(settings: Settings, data: ServingData, root: Path) -> list[dict]:
     out = []
     shipped = shipped_config()
     for name in settings.peers:
-        cfg = PeerConfig(name, shipped.workers, shipped.threads, shipped.batch_size, shipped.max_batch_delay_ms)
-        entry: dict[str, Any] = {"name": name, "label": cfg.label, **asdict(cfg)}
+        key = secrets.token_hex(16) if name == PYTHON_RUNTIME else None
+        cfg = PeerConfig(name, shipped.workers, shipped.threads, shipped.batch_size, shipped.max_batch_delay_ms, key)
+        settings_ = {k: v for k, v in asdict(cfg).items() if k != "key"}  # the key stays out of the record
+        entry: dict[str, Any] = {"name": name, "label": cfg.label, **settings_}
         missing = [m for m in PEER_MODULES[name] if importlib.util.find_spec(m) is None]
         if missing:
-            entry["error"] = f"{', '.join(missing)} not installed: pip install -r requirements-bench.txt (see its header)"
+            entry["error"] = (f"{', '.join(missing)} not installed: pip install -r requirements/bench.lock "
+                              "(see its header)")
             log(f"{name} skipped: {entry['error']}")
         else:
             log(f"{name} ({cfg.label}): starting")
@@ -221,11 +225,11 @@ def measure_peer(settings: Settings, data: ServingData, cfg: PeerConfig, log_fil
     proc = launch(cfg, data.artifacts, port, log_file)
     try:
         entry["start_to_ready_s"] = wait_ready(proc, base + PATH, data.images[0], log_file,
-                                               own_sockets=cfg.own_sockets)
+                                               own_sockets=cfg.own_sockets, key=cfg.key)
         tree = PeerTree(proc.pid, cfg.name)
         time.sleep(1.0)
         entry["memory_idle"] = tree.memory(tree.role)
-        script = WrkScript.create(PATH, data.images, None)
+        script = WrkScript.create(PATH, data.images, cfg.key)
         try:
             if settings.warm:
                 entry["warmup"] = warm_until_steady(lambda s: run_wrk(base, script, 16, s)["throughput"])
@@ -294,7 +298,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--configs", default=None, help="comma-separated TorchServe configurations (default: "
                    + ", ".join(c.name for c in configurations(quick=False)) + "; also: "
                    + ", ".join(c.name for c in all_configurations()[len(configurations(quick=False)):]) + ")")
-    p.add_argument("--peers", default=None, help="comma-separated peers (litserve,fastapi; '' for none)")
+    p.add_argument("--peers", default=None,
+                   help=f"comma-separated peers (litserve,fastapi,{PYTHON_RUNTIME}: the project's python runtime; "
+                        "'' for none)")
     p.add_argument("--trials", type=int, default=None, help="trials per figure (default 3; quick 1)")
     p.add_argument("--duration", type=int, default=None, help="seconds per load trial (default 3; quick 1)")
     p.add_argument("--concurrency", default=None, help="comma-separated concurrencies (default 1,4,16,64)")

@@ -1,6 +1,6 @@
 """The peer servers as bench.run starts them, on the tiny model: every model process is up before the server counts
-as ready, FastAPI's connections reach both workers, and the CPU of the whole process tree is recorded per process
-under the role each process has. A handful of requests only: no load, no timing assertions."""
+as ready, FastAPI's and the python runtime's connections reach both workers, and the CPU of the whole process tree
+is recorded per process under the role each process has. A handful of requests only: no load, no timing assertions."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from bench.peers import PATH, PeerConfig, PeerTree, launch, listening_processes,
 from bench.procs import stop_group
 from serving.server import free_ports
 
+KEY = "bench-test-key"
 EXPECTED_ROLES = {
     "fastapi": {"supervisor", "worker 1", "worker 2"},
+    "python": {"supervisor", "worker 1", "worker 2"},
     "litserve": {"main", "manager", "resource tracker", "inference worker 1", "inference worker 2", "API server 1",
                  "API server 2"},
 }
@@ -41,12 +43,14 @@ def alive(proc: psutil.Process) -> bool:
 
 @pytest.fixture(scope="module", params=sorted(EXPECTED_ROLES))
 def peer(request, tiny_artifacts, tmp_path_factory):
-    cfg = PeerConfig(request.param, workers=2, threads=1, max_batch=8, batch_delay_ms=1.0)
+    cfg = PeerConfig(request.param, workers=2, threads=1, max_batch=8, batch_delay_ms=1.0,
+                     key=KEY if request.param == "python" else None)
     port = free_ports(1)[0]
     log = tmp_path_factory.mktemp(cfg.name) / "server.log"
     proc = launch(cfg, Path(tiny_artifacts), port, log)
     try:
-        wait_ready(proc, f"http://127.0.0.1:{port}{PATH}", png(), log, timeout=180.0, own_sockets=cfg.own_sockets)
+        wait_ready(proc, f"http://127.0.0.1:{port}{PATH}", png(), log, timeout=180.0, own_sockets=cfg.own_sockets,
+                   key=cfg.key)
         yield cfg, proc, port
     finally:
         members = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
@@ -70,7 +74,8 @@ def test_each_process_is_labelled_and_its_cpu_recorded(peer):
     started = time.monotonic()
     for _ in range(20):
         request = urllib.request.Request(f"http://127.0.0.1:{port}{PATH}", data=png(),
-                                         headers={"Content-Type": "application/octet-stream"})
+                                         headers={"Content-Type": "application/octet-stream",
+                                                  **({"Authorization": f"Bearer {cfg.key}"} if cfg.key else {})})
         with urllib.request.urlopen(request, timeout=10) as response:
             assert response.status == 200
     total = tree.cpu_pct_since(before, time.monotonic() - started)
@@ -81,9 +86,10 @@ def test_each_process_is_labelled_and_its_cpu_recorded(peer):
     assert {m["role"] for m in tree.memory(tree.role)} == EXPECTED_ROLES[cfg.name]
 
 
-def test_fastapi_connections_reach_both_workers(peer):
+def test_connections_reach_both_workers(peer):
+    """FastAPI's and the python runtime's workers each listen on their own SO_REUSEPORT socket."""
     cfg, proc, port = peer
-    if cfg.name != "fastapi":
+    if cfg.name not in ("fastapi", "python"):
         pytest.skip("LitServe's API servers share one socket; its inference workers share one request queue")
     assert listening_processes(proc.pid, port) == 2
     workers = {p.pid for p in psutil.Process(proc.pid).children()}

@@ -146,9 +146,18 @@ def test_report_has_a_both_cores_row_per_peer_and_loaded_concurrency():
     assert "| fastapi | 16 | 98 | **no** | worker 1 97%, worker 2 1% | 104 (2) | the work stayed on one process" in text
 
 
-def test_only_fastapi_waits_for_each_worker_to_listen():
+def test_fastapi_and_the_python_runtime_wait_for_each_worker_to_listen():
     assert PeerConfig("fastapi", workers=2).own_sockets == 2
+    assert PeerConfig("python", workers=2).own_sockets == 2
     assert PeerConfig("litserve", workers=2).own_sockets == 0  # its API servers share one socket
+
+
+def test_python_runtime_processes_are_the_supervisor_and_its_workers():
+    root = "/venv/bin/python -m serving.python_runtime --mar /s/embedding.mar --workers 2"
+    worker = "/venv/bin/python -m serving.python_runtime.worker --plan /t/plan.json --index "
+    procs = [FakeProcess(5, root, 1.0), FakeProcess(8, worker + "1", 1.3), FakeProcess(6, worker + "0", 1.1)]
+    assert label_processes("python", 5, procs) == {5: "supervisor", 6: "worker 1", 8: "worker 2"}
+    assert "never waits" in PeerConfig("python", workers=2, max_batch=8).label
 
 
 def test_worker_sockets_share_a_port_and_each_gets_connections():
