@@ -86,6 +86,13 @@ def cache_root() -> Path:
     return Path(base) / "mnist-embedding"
 
 
+def servers_dir() -> Path:
+    """Where every start records its running TorchServe, so any command finds it from any directory:
+    $XDG_STATE_HOME/mnist-embedding/servers (~/.local/state by default; torchserve_api.instances)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "mnist-embedding" / "servers"
+
+
 def env_threads(default: int = DEFAULT_THREADS) -> int:
     """$OMP_NUM_THREADS when it is a plain positive integer (it may also be a list like "4,2"), else `default`."""
     value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()

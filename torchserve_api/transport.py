@@ -38,14 +38,27 @@ def default_endpoints(config: Path = CONFIG_FILE) -> Endpoints:
 
 def auth_error(token: Token, where: str) -> AuthError:
     """Say whether no token was sent, or which one was refused (and whether it is known to have expired)."""
+    keys = _recorded_key_file(where)
     if not token.value:
-        return AuthError(f"{where} refused the request: no token sent (use --token, EMBEDDING_TOKEN or --key-file; "
-                         "TorchServe writes key_file.json in the directory it was started from)", "missing")
+        hint = (f"its keys are in {keys}: pass --key-file {keys}" if keys else "use --token, EMBEDDING_TOKEN or "
+                "--key-file with the key_file.json that TorchServe writes in the directory it was started from")
+        return AuthError(f"{where} refused the request: no token sent ({hint})", "missing")
+    elsewhere = f"; its keys are in {keys}" if keys and keys != token.source else ""
     if token.expired():
         return AuthError(f"{where} refused the token from {token.source}: it expired at "
-                         f"{token.expires:%Y-%m-%d %H:%M:%S} UTC (restart TorchServe for fresh keys)", "expired")
+                         f"{token.expires:%Y-%m-%d %H:%M:%S} UTC (restart TorchServe for fresh keys{elsewhere})",
+                         "expired")
     return AuthError(f"{where} refused the token from {token.source}: wrong or expired (tokens expire after "
-                     "60 min; the management API needs the management key, inference the inference key)", "refused")
+                     "60 min; the management API needs the management key, inference the inference key"
+                     f"{elsewhere})", "refused")
+
+
+def _recorded_key_file(where: str) -> str | None:
+    """The key file of the server at `where` (host:port) when a project command started it on this machine."""
+    from .instances import for_address
+
+    record = for_address(where)
+    return record.key_file if record is not None else None
 
 
 def is_loopback(url: str) -> bool:
