@@ -11,9 +11,9 @@ from pathlib import Path
 
 from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, input_dir, input_file, os_error,
                         output_dir, positive_seconds)
-from settings import CONFIG_FILE, DEFAULT_MODEL_STORE, MODEL_NAME, REPO, SettingsError, check_model_name, read_properties
+from settings import CONFIG_FILE, MODEL_NAME, REPO, SettingsError, check_model_name, read_properties
 
-from .server import Instance, ServerError, start, stop
+from .server import Instance, ServerError, holder_of, model_store_for, recorded_on_ports, start, stop
 
 PROG = "python -m serving"
 
@@ -25,7 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", default=MODEL_NAME, help="TorchServe model name")
     sub = p.add_subparsers(dest="command", required=True, metavar="{start,stop,samples}")
     s = sub.add_parser("start", help="start TorchServe and wait until the model's workers are READY")
-    s.add_argument("--model-store", type=Path, default=DEFAULT_MODEL_STORE, help="folder holding <model-name>.mar")
+    s.add_argument("--model-store", type=Path, help="folder holding the archives (default: model_store in --config, "
+                                                    "relative to its folder; else the repository's model_store/)")
+    s.add_argument("--mar", action="append", metavar="FILE", help="an archive in the model store to load; repeat it "
+                   "to serve several versions, the first one the default (default: load_models in --config)")
     s.add_argument("--timeout", type=positive_seconds, default=120.0, help="seconds to wait for READY workers")
     sub.add_parser("stop", help="stop TorchServe and its workers")
     sm = sub.add_parser("samples", help="write sample digit PNGs")
@@ -42,7 +45,20 @@ def _check(args: argparse.Namespace) -> None:
     read_properties(input_file(args.config, "--config"))  # a line TorchServe would read differently is refused here
     output_dir(args.workdir, "--workdir")
     if args.command == "start":
-        input_dir(args.model_store, "--model-store")
+        from_config = args.model_store is None and "model_store" in read_properties(args.config)
+        flag = f"model_store of {args.config}:" if from_config else "--model-store"
+        args.model_store = model_store_for(args.config, args.model_store)
+        input_dir(args.model_store, flag)
+        args.mar = [_archive(args.model_store, mar) for mar in args.mar or ()]
+
+
+def _archive(store: Path, mar: str) -> str:
+    """The file name of archive `mar` (a name or a path) in the model store; UsageError if it is not there."""
+    path = store / mar if Path(mar).name == mar else Path(mar).resolve()
+    if path.parent != store:
+        raise UsageError(f"--mar {mar}: not in the model store {store}; copy it there or pass --model-store")
+    input_file(path, "--mar")
+    return path.name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,17 +85,36 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _start(args: argparse.Namespace, instance: Instance) -> int:
-    seconds = start(instance, args.model_store.resolve(), timeout=args.timeout)
+    seconds = start(instance, args.model_store, ",".join(args.mar) or None, timeout=args.timeout)
     url = instance.endpoints.inference
     print(f"TorchServe READY in {seconds:.1f}s: {url}/predictions/{instance.model_name}")
-    print(f"tokens: {instance.key_file} (inference key under \"inference\")")
-    print(f"try:  .venv/bin/python -m client predict samples/digit_7.png --model-name {instance.model_name}")
-    print("stop: .venv/bin/python -m serving stop")
+    if instance.token_auth:
+        print(f"tokens: {instance.key_file} (inference key under \"inference\")")
+    config = "" if instance.config == CONFIG_FILE.resolve() else f" --config {instance.config}"
+    print(f"try:  .venv/bin/python -m client predict samples/digit_7.png --model-name {instance.model_name}{config}")
+    print(f"stop: .venv/bin/python -m serving{config} stop")
     return 0
 
 
 def _stop(instance: Instance) -> int:
-    print("TorchServe stopped" if stop(instance) else "TorchServe was not running")
+    """Stop the TorchServe of --workdir, else the one a project command started on the ports of --config; name
+    what else holds those ports, which it did not start and leaves alone."""
+    if stop(instance):
+        print(f"TorchServe stopped ({instance.workdir})")
+        return 0
+    found = recorded_on_ports(instance)
+    for other in found:
+        if stop(other):
+            print(f"TorchServe stopped ({other.workdir}, on the ports of {instance.config})")
+    if found:
+        return 0
+    holders = {port: holder_of(port) for port in set(instance.endpoints.ports().values())}
+    held = [f"port {port} ({what}) is held{holders[port]}" for what, port in instance.endpoints.ports().items()
+            if holders[port]]
+    if held:
+        raise ServerError(f"{'; '.join(held)}: no project command recorded starting it, so it is left running; "
+                          "stop it yourself or pass --config with other ports")
+    print("TorchServe was not running")
     return 0
 
 

@@ -7,6 +7,7 @@ management API reports a READY worker for the model.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -14,14 +15,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from settings import (CONFIG_FILE, KEY_FILE, LOG_CONFIG_FILE, MODEL_NAME, REPO, WORKER_THREADS, Endpoints,
-                      read_properties, with_ports, write_properties)
+from settings import (CONFIG_FILE, DEFAULT_MODEL_STORE, KEY_FILE, LOG_CONFIG_FILE, MODEL_NAME, REPO, WORKER_THREADS,
+                      Endpoints, read_properties, with_ports, write_properties)
+from torchserve_api import instances
 from torchserve_api.errors import ClientError
 from torchserve_api.management import ManagementClient
 from torchserve_api.tokens import from_key_file
@@ -201,32 +205,57 @@ def wait_ready(instance: Instance, timeout: float = 120.0, offsets: tuple[int, i
     raise ServerError(f"no READY worker for {instance.model_name} after {timeout:.0f}s: {_diagnose(instance)}")
 
 
-def start(instance: Instance, model_store: Path, models: str | None = None, timeout: float = 120.0,
-          threads: int | None = None) -> float:
-    """Launch TorchServe, wait until READY, return seconds from launch to READY.
+def model_store_for(config: Path, given: Path | None = None) -> Path:
+    """The model store to serve: `given`, else the config's model_store (relative to the config's folder, as
+    `python -m client lifecycle-config` writes it), else the repository's model_store/."""
+    if given is not None:
+        return Path(given).resolve()
+    store = read_properties(config).get("model_store")
+    return (Path(config).resolve().parent / store).resolve() if store else DEFAULT_MODEL_STORE
 
-    `threads` is OMP_NUM_THREADS of the workers; default settings.WORKER_THREADS."""
-    if shutil.which("java") is None:
-        raise ServerError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
-    if instance.pid() is not None:
-        raise ServerError(f"TorchServe already running (pid {instance.pid()}); stop it first")
-    pid_file = instance.tmpdir / PID_FILE
-    if pid_file.exists():
-        pid_file.unlink()  # stale: the frontend died without cleaning up
-    props = read_properties(instance.config)
-    load = models or props.get("load_models", "")
-    for name in filter(None, (m.split("=")[-1].strip() for m in load.split(","))):
-        if name not in ("all", "ALL") and not (Path(model_store) / name).exists():
-            raise ServerError(f"{Path(model_store) / name} not found: build it with ./archive.sh")
+
+def holder_of(port: int) -> str:
+    """The words ' by WHAT' naming what listens on `port`: a recorded TorchServe (with the command that stops it)
+    or, as far as this user may see, another process; '' when nothing can be named."""
+    ours = instances.on_ports({port})
+    if ours:
+        return f" by {ours[0].describe()} (python -m serving --workdir {ours[0].workdir} stop)"
+    others = instances.listeners(port)
+    return f" by {', '.join(others)}" if others else ""
+
+
+def _check_free(instance: Instance) -> None:
+    """ServerError naming what holds a port of the config, if anything does."""
     for what, port in instance.endpoints.ports().items():
         if _port_in_use(port):
-            raise ServerError(f"port {port} ({what}) is already in use: stop the other server or change {instance.config.name}")
+            raise ServerError(f"port {port} ({what}) is already in use{holder_of(port)}: stop the other server or "
+                              f"change {instance.config.name}")
+
+
+@contextlib.contextmanager
+def _held_interrupts() -> Iterator[None]:
+    """Ctrl-C held back until the block ends, then raised: a launch or a stop is never cut in half (the launcher
+    starts Java in its own session, which a Ctrl-C would leave running)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
+def _launch(instance: Instance, model_store: Path, models: str | None, threads: int) -> None:
+    """Run TorchServe's launcher (it returns once Java runs) and record the instance."""
     instance.tmpdir.mkdir(parents=True, exist_ok=True)
     instance.log_file.parent.mkdir(parents=True, exist_ok=True)
     instance.tmpdir.chmod(0o700)
     # Java ignores TMPDIR: without java.io.tmpdir the worker sockets and the unpacked .mar would sit in
     # the shared /tmp, where instances collide and other local users could squat the paths.
-    threads = WORKER_THREADS if threads is None else threads
     env = dict(os.environ, TMPDIR=str(instance.tmpdir), OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads), PYTHONPATH="",
                JAVA_TOOL_OPTIONS=f"-Djava.io.tmpdir={instance.tmpdir}")
@@ -234,41 +263,77 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
            "--ts-config", str(instance.config), "--log-config", str(LOG_CONFIG_FILE), "--model-store", str(model_store)]
     if models:
         cmd += ["--models", models]
-    offsets = log_offsets(instance)
-    started = time.monotonic()
     with open(instance.log_file, "ab") as log:
         subprocess.run(cmd, cwd=instance.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
                        stdin=subprocess.DEVNULL, check=False, start_new_session=True)
+    pid = instance.pid()
+    if pid is not None:
+        with contextlib.suppress(psutil.Error):
+            instances.save(instances.record_of(pid, instance.workdir, instance.config, instance.model_name,
+                                               model_store, instance.key_file if instance.token_auth else None,
+                                               instance.endpoints.ports()))
+
+
+def start(instance: Instance, model_store: Path, models: str | None = None, timeout: float = 120.0,
+          threads: int | None = None) -> float:
+    """Launch TorchServe, wait until READY, return seconds from launch to READY.
+
+    `models`: TorchServe's --models (default: load_models of the config); `threads` is OMP_NUM_THREADS of the
+    workers (default settings.WORKER_THREADS). A failure or a Ctrl-C before READY leaves no server running."""
+    if shutil.which("java") is None:
+        raise ServerError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
+    if instance.pid() is not None:
+        raise ServerError(f"TorchServe already running (pid {instance.pid()}); stop it first")
+    (instance.tmpdir / PID_FILE).unlink(missing_ok=True)  # stale: the frontend died without cleaning up
+    props = read_properties(instance.config)
+    load = models or props.get("load_models", "")
+    for name in filter(None, (m.split("=")[-1].strip() for m in load.split(","))):
+        if name not in ("all", "ALL") and not (Path(model_store) / name).exists():
+            raise ServerError(f"{Path(model_store) / name} not found: build it with ./archive.sh")
+    _check_free(instance)
+    instances.ensure_dir()  # where the start is recorded: unwritable is an error before anything runs
+    offsets = log_offsets(instance)
+    started = time.monotonic()
     try:
+        with _held_interrupts():
+            _launch(instance, Path(model_store), models, WORKER_THREADS if threads is None else threads)
         wait_ready(instance, timeout, offsets)
-    except ServerError:
-        stop(instance)
+    except BaseException:
+        with _held_interrupts():
+            stop(instance)
         raise
     return time.monotonic() - started
 
 
 def stop(instance: Instance, timeout: float = 20.0) -> bool:
-    """Stop the frontend and every worker it started; True if something was running."""
-    pid = instance.pid()
+    """Stop the frontend and every worker it started, as `torchserve --stop` would, and forget its record; True if
+    something was running."""
+    pid = instance.pid() or next((r.pid for r in instances.running() if r.workdir == str(instance.workdir)), None)
     if pid is None:
         (instance.tmpdir / PID_FILE).unlink(missing_ok=True)
         return False
     try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        frontend = psutil.Process(pid)
+        procs = [frontend, *frontend.children(recursive=True)]
+        frontend.terminate()
     except psutil.Error:
         procs = []
-    env = dict(os.environ, TMPDIR=str(instance.tmpdir))
-    subprocess.run([str(Path(sys.executable).parent / "torchserve"), "--stop"], cwd=instance.workdir, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     _, alive = psutil.wait_procs(procs, timeout=timeout)
     for proc in alive:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
     psutil.wait_procs(alive, timeout=5)
+    instance.key_file.unlink(missing_ok=True)
     (instance.tmpdir / PID_FILE).unlink(missing_ok=True)
+    instances.forget(pid)
     return True
+
+
+def recorded_on_ports(instance: Instance) -> list[Instance]:
+    """The instances a project command started that listen on a port of `instance`'s config, whatever their
+    workdir."""
+    ports = set(instance.endpoints.ports().values())
+    return [Instance(Path(r.workdir), Path(r.config), r.model_name) for r in instances.on_ports(ports)]
 
 
 def free_ports(n: int) -> list[int]:

@@ -9,8 +9,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import psutil
 import pytest
+from support.torchserve import torchserve_processes
 
 from serving.server import private_instance
 from settings import REPO
@@ -18,15 +18,6 @@ from settings import REPO
 START_TIMEOUT = 120
 #: The most seconds from TorchServe's "Failed to load model" line to the command's exit.
 AFTER_FAILURE = 10
-
-
-def torchserve_processes(workdir: Path) -> list[psutil.Process]:
-    """Processes started with a TMPDIR under `workdir` (the launcher, the frontend and its workers)."""
-    found = []
-    for proc in psutil.process_iter(["environ"]):
-        if (proc.info.get("environ") or {}).get("TMPDIR", "").startswith(str(workdir)):
-            found.append(proc)
-    return found
 
 
 def failure_logged_at(ts_log: Path) -> datetime:

@@ -7,10 +7,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
+
 from serving.server import Instance, private_instance, start, stop
 
 if TYPE_CHECKING:
     from client import EmbeddingClient
+
+
+def torchserve_processes(workdir: Path) -> list[psutil.Process]:
+    """Processes started with a TMPDIR under `workdir` (the launcher, the frontend and its workers)."""
+    found = []
+    for proc in psutil.process_iter(["environ"]):
+        if (proc.info.get("environ") or {}).get("TMPDIR", "").startswith(str(workdir)):
+            found.append(proc)
+    return found
 
 
 @contextlib.contextmanager
