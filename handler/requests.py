@@ -115,11 +115,30 @@ def decode_request(row: Mapping[str, Any], content_types: Mapping[str, str] | No
         name, value = next(iter(files.items()))
         return _non_empty(bytes(value), name)
     if not row:
-        raise RequestError("empty request: send an image as the body, a form file or JSON")
+        # curl -d and --data-binary label a body a URL-encoded form, which TorchServe empties when it holds no "=".
+        raise RequestError('empty request: send an image as the body, a form file or JSON (with curl -d or '
+                           '--data-binary, add -H "Content-Type: application/octet-stream" for image bytes, '
+                           '-H "Content-Type: application/json" for JSON)')
     if files:
         raise RequestError(f"form has several files ({', '.join(ascii(n) for n in sorted(files))}); "
                            "send one, named 'data'")
-    raise RequestError("form has no image file field: use -F data=@image.png")
+    raise RequestError(_without_file(row))
+
+
+def _without_file(row: Mapping[str, Any]) -> str:
+    """Why a form with no file field is refused. `curl -d` and `--data-binary` label any body a URL-encoded form,
+    which TorchServe's frontend splits into fields at "&" and "=": a JSON body arrives as fields named "{...",
+    image bytes as fields with unprintable names. Name the call that sends each."""
+    names = [str(name) for name in row]
+    if names and names[0].lstrip().startswith(("{", "[")):
+        return ('a JSON body arrived as a URL-encoded form (what curl -d sends without a Content-Type): add '
+                '-H "Content-Type: application/json" (here or on /v1/models/<model>:predict), or send the image '
+                'file with -F data=@image.png')
+    if any("\ufffd" in name or not name.isprintable() for name in names):
+        return ("image bytes arrived as a URL-encoded form (what curl -d and --data-binary send without a "
+                "Content-Type): send the file with curl -T image.png, or add -H \"Content-Type: "
+                "application/octet-stream\", or use -F data=@image.png")
+    return "form has no image file field: use -F data=@image.png"
 
 
 def parse_option(value: Any) -> bool:

@@ -24,6 +24,7 @@ from support.hostile import (
     HostileRequest,
     Outcome,
     build_corpus,
+    form_decoder_fails,
     multipart,
     png_chunks,
     post,
@@ -314,6 +315,10 @@ def test_corpus_images_are_what_the_cases_claim(hostile_corpus):
     assert Image.open(io.BytesIO(hostile_corpus["accept-animated-gif-first-frame"].body)).n_frames == 2
     assert opened("accept-png-1x1").size == (1, 1) and opened("accept-png-1x10000").size == (1, 10000)
     assert opened("accept-png-4000x4000-at-pixel-limit").size == (4000, 4000)
+    assert b"%" not in hostile_corpus["reject-png-as-form-urlencoded"].body
+    assert b"=" in hostile_corpus["reject-json-as-form-urlencoded"].body
+    assert b"=" not in hostile_corpus["reject-json-without-equals-as-form-urlencoded"].body
+    assert form_decoder_fails(hostile_corpus["reject-png-failing-the-form-decoder"].body)
     bomb = hostile_corpus["reject-png-bomb-30000x30000"].body
     assert len(bomb) < 200_000 and struct.unpack(">II", bomb[16:24]) == (30000, 30000)
     idat = next(data for _, kind, data in png_chunks(bomb) if kind == b"IDAT")

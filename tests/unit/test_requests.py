@@ -143,3 +143,48 @@ def test_a_form_text_field_is_never_taken_as_the_image():
         decode_request({"note": b"a seven"}, {"note": ""})
     png = b"\x89PNG\r\n\x1a\n..."
     assert decode_request({"note": b"a seven", "upload": png}, {"note": "", "upload": "image/png"}) == png
+
+
+def as_urlencoded_form(body: bytes) -> tuple[dict, dict]:
+    """The row and content types the worker gets for `body` sent as application/x-www-form-urlencoded (curl -d and
+    --data-binary without -H): TorchServe's frontend splits it into text fields at "&" and "=" (parse_qsl reads it
+    as Netty's form decoder does for bodies without a bad %-escape)."""
+    from urllib.parse import parse_qsl
+
+    fields = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {name: value.encode() for name, value in fields}, {name: "" for name, _ in fields}
+
+
+@pytest.mark.parametrize("body", [
+    b'{"data": "' + base64.b64encode(IMAGE) + b'"}',
+    b'{"instances": [{"data": "' + base64.b64encode(IMAGE) + b'"}]}',
+    b'  {"data": "abc"}',
+], ids=["predictions-body", "v1-body", "no-equals-sign"])
+def test_json_sent_as_a_urlencoded_form_is_told_to_send_the_json_content_type(body):
+    error = refused(*as_urlencoded_form(body))
+    assert error.status == 400 and str(error).isascii()
+    assert 'a JSON body arrived as a URL-encoded form' in str(error)
+    assert '-H "Content-Type: application/json"' in str(error) and "-F data=@image.png" in str(error)
+
+
+@pytest.mark.parametrize("body", [IMAGE, b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01 jpeg", b"GIF89a\x1c\x00\x1c\x00\xf7"],
+                         ids=["png", "jpeg", "gif"])
+def test_image_bytes_sent_as_a_urlencoded_form_are_told_to_send_octet_stream(body):
+    error = refused(*as_urlencoded_form(body))
+    assert error.status == 400 and str(error).isascii()
+    assert "image bytes arrived as a URL-encoded form" in str(error)
+    assert "curl -T image.png" in str(error) and "application/octet-stream" in str(error)
+
+
+def test_an_empty_row_names_the_headers_curl_needs():
+    """What the worker gets for a URL-encoded body (curl -d or --data-binary without -H) holding no "=": TorchServe's
+    form decoder keeps no field of it (checked against the real server by the hostile corpus)."""
+    error = refused({})
+    assert str(error).startswith("empty request") and str(error).isascii()
+    assert '-H "Content-Type: application/octet-stream"' in str(error)
+    assert '-H "Content-Type: application/json"' in str(error)
+
+
+def test_a_plain_urlencoded_form_keeps_the_file_field_hint():
+    error = refused(*as_urlencoded_form(b"digit=7&note=a+seven"))
+    assert str(error) == "form has no image file field: use -F data=@image.png"
