@@ -1,5 +1,5 @@
-"""serving.nginx_front without a server: the rendered configuration is one nginx accepts, the control socket's
-answer is read back into the histogram the alerts use, and a missing nginx is a one-line error."""
+"""serving.kserve_runtime.nginx_front without a server: the rendered configuration is one nginx accepts, the control
+socket's answer is read back into the histogram the alerts use, and a missing nginx is a one-line error."""
 
 from __future__ import annotations
 
