@@ -26,7 +26,7 @@ def _token(kind: tokens.Kind, args: argparse.Namespace, url: str) -> tokens.Toke
     """This machine's default key file is only read for a server on this machine: its keys never go elsewhere."""
     from .rest import is_loopback
 
-    return tokens.resolve(kind, args.token, args.key_file, default_key_file=is_loopback(url))
+    return tokens.resolve(kind, args.token, args.key_file, default_key_file=is_loopback(url), url=url)
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -161,7 +161,7 @@ def rotate_token(args: argparse.Namespace) -> int:
     from .rest import check_url, is_loopback
 
     url = check_url(args.url) if args.url else default_endpoints(args.config).management
-    key_file = None if args.token else args.key_file or (tokens.DEFAULT_KEY_FILE if is_loopback(url) else None)
+    key_file = None if args.token else args.key_file or (tokens.key_file_for(url) if is_loopback(url) else None)
     if args.token:
         api_key = tokens.Token(args.token, source="--token")
     elif key_file is None:

@@ -5,7 +5,6 @@ the TorchServe config and its ports. Also the paths the command writes (owned_pa
 from __future__ import annotations
 
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ def check_run(values: dict[str, Any]) -> None:
 
 
 def _check_local_serving(values: dict[str, Any]) -> None:
-    from serving.server import Instance
+    from serving.server import Instance, holder_of, port_in_use
 
     if shutil.which("java") is None:
         raise PreflightError("java not found: deploy_target=local starts TorchServe, which needs Java 17 "
@@ -69,29 +68,7 @@ def _check_local_serving(values: dict[str, Any]) -> None:
         raise PreflightError(f"--serve-config {config}: {exc}") from None
     if instance.pid() is not None:
         return  # the TorchServe of this serve workdir holds its ports; deploy-local stops it first
-    taken = [f"{port} ({what}{_holder(port)})" for what, port in ports.items() if _taken(port)]
+    taken = [f"{port} ({what}){holder_of(port)}" for what, port in ports.items() if port_in_use(port)]
     if taken:
         raise PreflightError(f"port {', '.join(taken)} of {config} already in use: stop what holds it "
                              "(python -m serving stop, for a TorchServe) or pass --serve-config with other ports")
-
-
-def _holder(port: int) -> str:
-    """", held by NAME pid N" for the process listening on `port`, when this user may see it."""
-    import psutil
-
-    try:
-        pids = {c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
-                and c.status == psutil.CONN_LISTEN and c.pid}
-        return "".join(f", held by {psutil.Process(pid).name()} pid {pid}" for pid in sorted(pids))
-    except psutil.Error:
-        return ""
-
-
-def _taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False

@@ -98,7 +98,8 @@ def _is_torchserve(pid: int) -> bool:
         return False
 
 
-def _port_in_use(port: int) -> bool:
+def port_in_use(port: int) -> bool:
+    """Whether a process listens on (or holds) loopback `port`."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -227,7 +228,7 @@ def holder_of(port: int) -> str:
 def _check_free(instance: Instance) -> None:
     """ServerError naming what holds a port of the config, if anything does."""
     for what, port in instance.endpoints.ports().items():
-        if _port_in_use(port):
+        if port_in_use(port):
             raise ServerError(f"port {port} ({what}) is already in use{holder_of(port)}: stop the other server or "
                               f"change {instance.config.name}")
 

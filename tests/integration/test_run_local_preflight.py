@@ -55,7 +55,7 @@ def test_a_taken_port_fails_before_training(tmp_path, serve):
         holder.listen()
         proc, seconds = _run_local(tmp_path, "--serve-workdir", str(workdir), "--serve-config", str(config))
     line = _one_line_before_training(proc, seconds, tmp_path)
-    assert f"port {port} (management, held by python" in line and f"pid {os.getpid()}" in line, line
+    assert f"port {port} (management) by python" in line and f"pid {os.getpid()}" in line, line
     assert "--serve-config" in line
 
 
