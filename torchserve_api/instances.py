@@ -21,7 +21,13 @@ import psutil
 
 from settings import servers_dir
 
-from .transport import is_loopback
+
+def is_loopback(url: str) -> bool:
+    """Whether `url` names this machine. Loopback servers are called directly, never through an HTTP(S)_PROXY
+    from the environment, and only they may be found in the records of this machine."""
+    host = urlsplit(url if "//" in url else f"//{url}").hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
 
 #: Seconds two readings of one process's start time may differ by (psutil derives it from clock ticks).
 SAME_START_S = 1.0

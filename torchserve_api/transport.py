@@ -19,6 +19,7 @@ from settings import CONFIG_FILE, REQUEST_TIMEOUT_S, Endpoints, SettingsError, r
 
 from .errors import (AuthError, BadImageError, ClientError, ConnectionFailed, ModelNotFoundError, RequestTimeout,
                      ServerError, UsageError)
+from .instances import for_address, is_loopback
 from .retry import RetryPolicy
 from .tokens import Token
 
@@ -55,16 +56,9 @@ def auth_error(token: Token, where: str) -> AuthError:
 
 def _recorded_key_file(where: str) -> str | None:
     """The key file of the server at `where` (host:port) when a project command started it on this machine."""
-    from .instances import for_address
 
     record = for_address(where)
     return record.key_file if record is not None else None
-
-
-def is_loopback(url: str) -> bool:
-    """Loopback servers are called directly, never through an HTTP(S)_PROXY from the environment."""
-    host = urlsplit(url if "//" in url else f"//{url}").hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def parse_body(response: requests.Response) -> Any:
