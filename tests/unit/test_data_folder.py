@@ -81,3 +81,28 @@ def test_train_sources_name_each_images_file(tmp_path):
     for source, image, label in zip(ds.train_sources, ds.train_images, ds.train_labels):
         assert source.split("/")[0] == ds.classes[label]
         np.testing.assert_array_equal(to_canvas(decode_image((root / source).read_bytes())), image)
+
+
+@pytest.mark.parametrize("layout, fix", [("labelled", "--data-source folder:{root}"),
+                                         ("flat", "put them in {root}/<label>/ and use --data-source folder:{root}")])
+@pytest.mark.parametrize("prefix", ["", "idx:"])
+def test_a_folder_of_images_given_as_idx_names_the_fix(tmp_path, layout, fix, prefix):
+    """#36 part 4: a bare <label>/*.png folder as --data-source is told to write folder:, not 'missing IDX file(s)'."""
+    root = make_tree(tmp_path / "mine", {"seven": 2, "cat": 2})
+    if layout == "flat":
+        for image in list(root.rglob("*.png")):
+            image.rename(root / f"{image.parent.name}-{image.name}")
+        for folder in ("seven", "cat"):
+            for other in (root / folder).iterdir():
+                other.unlink()
+            (root / folder).rmdir()
+    with pytest.raises(DataError) as excinfo:
+        load_dataset(f"{prefix}{root}")
+    message = str(excinfo.value)
+    assert fix.format(root=root) in message and "missing IDX" not in message and "\n" not in message
+
+
+def test_an_idx_folder_without_images_still_lists_the_missing_files(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="missing IDX file"):
+        load_dataset(str(tmp_path / "empty"))

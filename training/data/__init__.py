@@ -189,8 +189,12 @@ def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None, pr
         return load_image_folder(Path(source.split(":", 1)[1]), profile=PROFILES[profile or DIGITS.name])
     path = Path(source.split(":", 1)[1] if source.startswith("idx:") else source)
     if path.is_dir():
-        from .idx import load_idx_dir
+        from .folder import layout_hint
+        from .idx import load_idx_dir, select_idx_files
 
+        hint = layout_hint(path) if select_idx_files(p.name for p in path.iterdir() if p.is_file())[1] else None
+        if hint:
+            raise DataError(f"{path}: no IDX files; {hint}")
         return load_idx_dir(path)
     if source.startswith("idx:") or path.exists():
         raise DataError(f"{path}: not a directory of IDX files")

@@ -68,6 +68,31 @@ def _list_images(root: Path) -> dict[str, list[Path]]:
     return files
 
 
+def image_layout(root: Path) -> str | None:
+    """What a folder of images looks like: "labelled" (``<label>/`` folders holding images), "flat" (images but no
+    such folder) or None (no images at its top or one level down); for hints where another layout was expected."""
+    if (Path(root) / ".git").exists():
+        return None  # a repository, whatever pictures it holds
+    try:
+        entries = [e for e in Path(root).iterdir() if not e.name.startswith(".")]
+        if any(e.is_dir() and any(p.is_file() and is_image_name(p.name) for p in e.iterdir()) for e in entries):
+            return "labelled"
+    except OSError:
+        return None
+    return "flat" if any(e.is_file() and is_image_name(e.name) for e in entries) else None
+
+
+def layout_hint(root: Path) -> str | None:
+    """One line naming the fix when `root` holds images rather than what was expected of it, else None."""
+    layout = image_layout(root)
+    if layout == "labelled":
+        return f"it holds <label>/ image folders: train with --data-source folder:{root}"
+    if layout == "flat":
+        return (f"it holds images without <label>/ folders: put them in {root}/<label>/ and use --data-source "
+                f"folder:{root}")
+    return None
+
+
 def is_label_name(name: str) -> bool:
     """A sub-directory that names a class (hidden ones are skipped)."""
     return not name.startswith(".")
