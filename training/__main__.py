@@ -3,7 +3,11 @@
 Subcommands (python -m training eval --help, python -m training enroll --help, python -m training report --help):
   eval    open-set figures of built artifacts (AUROC, share of unknowns flagged, digits accepted, accuracy)
   enroll  add labelled images (NEW/<label>/*.png) to a copy of built artifacts without retraining
-  report  one self-contained HTML page showing what built artifacts do on their held-out split
+  report  one self-contained HTML page showing what built artifacts do on their held-out split, or on a folder of
+          your own images (--images DIR; with DIR/<label>/ folders also the accuracy against those labels)
+
+Every --out replaces only what the same command wrote there before (training/outputs.py): never a folder of your
+files, the current directory, home, a repository or anything the command reads.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, 
                         output_dir, output_file, positive_int)
 from handler.artifacts import path_identity, quantization
 from handler.search import DEFAULT_K, OPEN_SET_SCORES
+from owned_paths import replaceable_file, starts_with
 from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threads
 
 from .data import SOURCE_FORMS, source_problem
 from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
+from .outputs import artifacts_folder, is_eval_result, source_path, source_reads
 from .config import (DIGIT_NEGATIVES, DIGIT_PRINTED, INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES,
                      QUANTIZE_CHOICES, TrainConfig)
 
@@ -46,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = Parser(prog="python -m training", description=__doc__)
     p.add_argument("--data-source", type=_data_source, default=DEFAULT_DATA_SOURCE, metavar="SOURCE",
                    help=f"training data: {SOURCE_FORMS}")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (replaced atomically)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help="output folder: a new or empty one, or one training made before (replaced atomically)")
     p.add_argument("--preprocessing", choices=PROFILE_CHOICES, default="auto",
                    help="preprocessing profile: digits (crop to the strokes, 20x20 box, as MNIST), full-frame (whole "
                         "28x28 frame, for centred pictures such as Fashion-MNIST) or auto (full-frame for "
@@ -128,6 +135,8 @@ def eval_main(argv: list[str]) -> int:
         input_dir(args.artifacts, "--artifacts")
         if args.out is not None:
             output_file(args.out, "--out")
+            replaceable_file(args.out, "--out", ours=is_eval_result,
+                             reads=[args.artifacts, args.fashion_dir, *source_reads(args.data_source)])
     except UsageError as exc:
         return fail(f"python -m {prog}", exc, EXIT_USAGE)
     torch.set_num_threads(args.threads)
@@ -153,7 +162,8 @@ def parse_enroll_args(argv: list[str]) -> argparse.Namespace:
                            "the open-set threshold.")
     p.add_argument("--artifacts", type=Path, required=True, help="artifact folder to enroll into (only read)")
     p.add_argument("--data-source", required=True, metavar="folder:DIR", help="folder:DIR with DIR/<label>/*.png")
-    p.add_argument("--out", type=Path, required=True, help="new artifact folder (published atomically)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="new artifact folder, or one training or enroll made before (published atomically)")
     p.add_argument("--new-only", action="store_true", help="refuse labels the gallery already holds")
     p.add_argument("--holdout", type=float, default=DEFAULT_HOLDOUT,
                    help="share of each new class held out for threshold calibration (0 enrolls every image)")
@@ -178,12 +188,17 @@ def enroll_main(argv: list[str]) -> int:
     try:
         input_dir(args.artifacts, "--artifacts")
         output_dir(args.out, "--out")
+        # --artifacts itself: enroll_artifacts refuses an --out equal to or nested with it, first thing, by name
+        artifacts_folder(args.out, reads=[source_path(args.data_source),
+                                          *source_reads(args.calibration_data, args.cache_dir)])
     except UsageError as exc:
         return fail(f"python -m {prog}", exc, EXIT_USAGE)
     torch.set_num_threads(args.threads)
     try:
         enroll_artifacts(args.artifacts, args.data_source, args.out, args.new_only, args.holdout,
                          args.calibration_data, args.cache_dir, log=lambda line: print(line, flush=True))
+    except UsageError as exc:  # --out changed hands during the work
+        return fail(f"python -m {prog}", exc, EXIT_USAGE)
     except (EnrollError, ArtifactError, DataError, ValueError, OSError) as exc:
         return fail(prog, exc)
     except KeyboardInterrupt:
@@ -202,13 +217,17 @@ def parse_report_args(argv: list[str]) -> argparse.Namespace:
     p = Parser(prog="python -m training report",
                description="One self-contained HTML page (images inline, no scripts) showing what built artifacts "
                            "do on their held-out split, as served: the confusion matrix, the worst errors and the "
-                           "rejected images with their nearest gallery images, the open-set score histogram.")
+                           "rejected images with their nearest gallery images, the open-set score histogram. With "
+                           "--images DIR, the same for your own images: each one's canvas, answer, score and "
+                           "neighbours, and with DIR/<label>/ folders the confusion matrix and accuracy against them.")
     p.add_argument("artifacts", type=Path, metavar="ARTIFACTS", help="artifact folder (only read)")
+    p.add_argument("--images", type=Path, default=None, metavar="DIR",
+                   help="report on the images in DIR and DIR/<label>/ instead of the held-out split (only read)")
     p.add_argument("--out", type=Path, default=Path("report.html"), metavar="FILE.html",
-                   help="the page, written atomically")
+                   help="the page, written atomically; an existing file only if it is a report page")
     p.add_argument("--data-source", type=_data_source, default=None, metavar="SOURCE",
-                   help=f"source of the held-out split (default: the one metadata.json records, else "
-                        f"{DEFAULT_DATA_SOURCE})")
+                   help=f"source of the held-out split and of the gallery's images (default: the one metadata.json "
+                        f"records, else {DEFAULT_DATA_SOURCE})")
     p.add_argument("--ood", type=_report_ood, default=list(DEFAULT_OOD),
                    help="unknown sets drawn in the histogram, comma-separated, or none (a missing one is noted)")
     p.add_argument("--ood-images", type=positive_int, default=DEFAULT_OOD_IMAGES,
@@ -229,20 +248,33 @@ def report_main(argv: list[str]) -> int:
 
     from .data import DataError
     from .report import ReportError, build_report, write_atomically
+    from .report_images import build_images_report
+    from .report_page import PAGE_HEADER
 
     prog = "training report"
     args = parse_report_args(argv)
     try:
         input_dir(args.artifacts, "ARTIFACTS")
+        if args.images is not None:
+            input_dir(args.images, "--images")
         output_file(args.out, "--out")
+        replaceable_file(args.out, "--out", ours=starts_with(PAGE_HEADER.encode()),
+                         reads=[args.artifacts, args.images, args.fashion_dir, *source_reads(args.data_source)])
     except UsageError as exc:
         return fail(f"python -m {prog}", exc, EXIT_USAGE)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
+    command = shlex.join(["python", "-m", "training", "report", *argv])
+
+    def log(line: str) -> None:
+        print(f"{prog}: {line}", file=sys.stderr)
+
     try:
-        page = build_report(args.artifacts, args.data_source, args.ood, args.fashion_dir, args.ood_images,
-                            command=shlex.join(["python", "-m", "training", "report", *argv]),
-                            cache_dir=args.cache_dir, log=lambda line: print(f"{prog}: {line}", file=sys.stderr))
+        if args.images is not None:
+            page = build_images_report(args.artifacts, args.images, args.data_source, command, args.cache_dir, log)
+        else:
+            page = build_report(args.artifacts, args.data_source, args.ood, args.fashion_dir, args.ood_images,
+                                command=command, cache_dir=args.cache_dir, log=log)
         write_atomically(page, args.out)
     except (ReportError, ArtifactError, DataError, ValueError, OSError) as exc:
         return fail(prog, exc)
@@ -263,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         output_dir(args.out, "--out")
+        artifacts_folder(args.out, reads=source_reads(args.data_source, args.cache_dir))
     except UsageError as exc:
         return fail("python -m training", exc, EXIT_USAGE)
     from .build import build_artifacts
@@ -280,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                                    args.threads, not args.no_plots, log=lambda line: print(line, flush=True),
                                    score=args.open_set_score, kth=args.kth, profile=args.preprocessing)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # published: too late to interrupt, finish and report
+    except UsageError as exc:  # --out changed hands during the build
+        return fail("python -m training", exc, EXIT_USAGE)
     except (DataError, ExportError, ValueError, OSError) as exc:
         return fail("training", exc)
     except KeyboardInterrupt:

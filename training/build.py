@@ -8,15 +8,17 @@ import errno
 import os
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
 from handler.artifacts import remove_tree
 from handler.search import DEFAULT_K
+from owned_paths import mark
 from settings import DEFAULT_THREADS
 
 from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
+from .outputs import ARTIFACTS_KIND, MADE_BY, artifacts_folder, source_reads
 from .steps import build_gallery, evaluate_and_finalize, prepare_data, train_and_export
 from .train import TrainConfig
 
@@ -64,25 +66,35 @@ def _remove_abandoned(out: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_directory(out: Path) -> Iterator[Path]:
+def staged_directory(out: Path, reads: Iterable[Path | str | None] = (), made_by: str = MADE_BY,
+                     flag: str = "--out") -> Iterator[Path]:
     """Yield a hidden sibling directory; on success it replaces `out`, on any failure it is removed.
+
+    `out` must be a folder an artifact build may replace (training.outputs.artifacts_folder: missing, empty,
+    marked as artifacts, or holding artifact names only; never one the build `reads`), checked on entry and
+    again before publishing; otherwise cli_common.UsageError, one line naming `flag`, and nothing is touched.
+    The staging directory carries the marker, so `out` is marked the moment it is published.
 
     The new directory takes the old one's place in one atomic exchange, so a reader, or a kill at any
     moment, sees the previous complete directory or the new one. Where the exchange is not supported
     it falls back to two renames, and a build killed between them is repaired by the next one.
     """
+    reads = list(reads)
+    if Path(out).exists() and not Path(out).is_dir():
+        raise NotADirectoryError(f"{Path(out).resolve()}: exists and is not a directory")
+    _restore_previous(Path(out).resolve())
+    artifacts_folder(out, flag, reads)
     out = Path(out).resolve()
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"{out}: exists and is not a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
-    _restore_previous(out)
     _remove_abandoned(out)
     token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging = out.parent / f".{out.name}.partial-{token}"
     previous = out.parent / f".{out.name}.previous-{token}"
     staging.mkdir()
     try:
+        mark(staging, ARTIFACTS_KIND, made_by)
         yield staging
+        artifacts_folder(out, flag, reads)  # still ours after the build's minutes
         if not out.exists():
             os.replace(staging, out)
             return
@@ -108,12 +120,15 @@ def build_artifacts(source: str, out: Path, config: TrainConfig, index_type: str
                     plots: bool = True, log: Callable[[str], None] = print,
                     score: str = DEFAULT_OPEN_SET_SCORE, kth: int = DEFAULT_KTH, profile: str = "auto") -> dict:
     """Data -> trained TorchScript model -> FAISS gallery -> evaluation -> metadata, in `out`. ``profile``: the
-    preprocessing profile's name, or auto (the dataset's, training.config.DATASET_PROFILES)."""
+    preprocessing profile's name, or auto (the dataset's, training.config.DATASET_PROFILES). `out` is refused
+    before any work unless a build may replace it (staged_directory)."""
+    reads = source_reads(source, cache_dir)
+    artifacts_folder(out, reads=reads)
     torch.set_num_threads(threads)
     data = prepare_data(source, cache_dir, profile=profile)
     log(f"data {data.name}: {len(data.train_images)} train / {len(data.test_images)} test images, "
         f"{len(data.classes)} classes, {data.profile} preprocessing")
-    with staged_directory(out) as staging:
+    with staged_directory(out, reads) as staging:
         train_and_export(data, config, staging, k, log)
         build_gallery(data, staging, index_type, config.seed, log)
         metadata = evaluate_and_finalize(data, staging, k, plots, log, score, kth)

@@ -70,13 +70,12 @@ from .evaluate import (
     open_set_rejection,
 )
 from .index import build_index, default_search_params, recall_at_1
+from .outputs import INDEX_INFO_FILE, METRICS_FILE, artifacts_folder, source_reads
 from .train import embed
 
 DEFAULT_HOLDOUT = 0.2
 #: Files enroll writes itself; everything else checksummed is copied. train.json is copied for the record.
 COPIED = (MODEL_FILE, "train.json")
-INDEX_INFO_FILE = "index.json"
-METRICS_FILE = "metrics.json"
 #: Enrolled-class switch: at most this share of held-out images of the trained classes would switch to an enrolled
 #: class (tau's calibration). Offline on Fashion-MNIST (2-epoch models, 10 shots) 0.8% cost the trained classes up
 #: to 1.19 points; 0.5% cost them at most 0.51 points on the same embeddings.
@@ -226,13 +225,15 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
         raise EnrollError(f"--out {out} and --artifacts {artifacts} are nested: publishing one would change the other")
     if not data.startswith("folder:"):
         raise EnrollError(f"--data-source {data!r}: enroll reads labelled images from folder:DIR (DIR/<label>/*.png)")
+    root = Path(data.split(":", 1)[1])
+    reads = [artifacts, root, *source_reads(calibration_data, cache_dir)]
+    artifacts_folder(out, reads=reads)  # before any work; staged_directory checks again
     metadata = check_artifacts(artifacts)
     dataset_name = str(metadata.get("dataset", {}).get("name", ""))
     calibration_data = calibration_data or (dataset_name if dataset_name == "mnist-sample" else None)
     if not calibration_data:
         raise EnrollError(f"{artifacts} was trained on {dataset_name!r}: pass --calibration-data with that source "
                           "so the open-set threshold is recalibrated on its held-out split")
-    root = Path(data.split(":", 1)[1])
     profile = preprocessing.profile_of(metadata)
     new = read_new_images(root, holdout, profile=profile)
     old_labels = [str(label) for label in json.loads((artifacts / LABELS_FILE).read_text())]
@@ -331,7 +332,8 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
     new_meta.pop(SWITCH_SECTION, None)  # an earlier enrollment's: recomputed above for this gallery
     if switch_record is not None:
         new_meta[SWITCH_SECTION] = switch_record
-    with staged_directory(out) as staging:
+    reads += source_reads(calibration_data, cache_dir)  # the recorded source, when it was not given
+    with staged_directory(out, reads, "python -m training enroll") as staging:
         for name in COPIED:
             if (artifacts / name).is_file():
                 shutil.copy2(artifacts / name, staging / name)

@@ -16,7 +16,6 @@ sources.json file) but not drawn.
 from __future__ import annotations
 
 import base64
-import html
 import io
 import os
 import tempfile
@@ -30,6 +29,8 @@ import numpy as np
 from settings import DEFAULT_DATA_SOURCE
 
 from .evaluate import FASHION_DIR, evaluate, load_ood_set, open_set_scores
+from .report_page import (NEIGHBOUR_SCALE, Case, cases_section, confusion_table, escape, facts_table, number, page,
+                          png_data_uri)
 
 if TYPE_CHECKING:
     from handler.service import EmbeddingService
@@ -42,9 +43,9 @@ MAX_CASES = 24
 DEFAULT_OOD = ("fashion", "synthetic")
 #: Images per unknown set in the histogram: the first N of each.
 DEFAULT_OOD_IMAGES = 1000
-QUERY_SCALE = 3  # 84 px
-NEIGHBOUR_SCALE = 2  # 56 px
-CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'none'"
+CONFUSION_NOTE = ("Rows: the true class; columns: the k-NN vote, whether or not the answer was flagged unknown (as "
+                  "the recorded accuracy counts it). unknown: images of that class the open-set threshold answered as "
+                  "unknown.")
 
 
 class ReportError(Exception):
@@ -61,31 +62,25 @@ def recorded_source(metadata: dict) -> str:
     return DEFAULT_DATA_SOURCE
 
 
-def png_data_uri(canvas: np.ndarray, scale: int = 1) -> str:
-    """A uint8 image (H, W) as a PNG data: URI, enlarged `scale` times with nearest-neighbour."""
-    from PIL import Image
-
-    image = Image.fromarray(np.ascontiguousarray(canvas, dtype=np.uint8), "L")
-    if scale != 1:
-        image = image.resize((image.width * scale, image.height * scale), Image.Resampling.NEAREST)
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG", optimize=True)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
 class Gallery:
     """The canvases behind gallery ids: item i < len(training images) is the source's training image i,
     prepared as training prepared it, once labels.json (and sources.json when both sides name sources) agree;
     later items were enrolled from a folder the artifacts do not keep."""
 
-    def __init__(self, service: "EmbeddingService", dataset: "Dataset") -> None:
+    def __init__(self, service: "EmbeddingService", dataset: "Dataset | None", problem: str | None = None) -> None:
+        """`dataset` None (the training source could not be loaded, `problem` says why): items are named only."""
         self.profile = service.profile
-        self.images = dataset.train_images
         self.sources = service.sources
+        self.problem = problem
+        if dataset is None:
+            self.images = np.zeros((0, 28, 28), np.uint8)
+            self.trained = int((service.metadata.get("dataset") or {}).get("train", service.searcher.index.ntotal))
+            self.drawable, self._cache = 0, {}
+            return
+        self.images = dataset.train_images
         labels = [str(label) for label in service.searcher.labels]
-        n = len(dataset.train_images)
+        n = self.trained = len(dataset.train_images)
         expected = [dataset.classes[int(y)] for y in dataset.train_labels]
-        self.problem = None
         if n > len(labels) or labels[:n] != expected:
             self.problem = (f"the gallery's labels are not those of {dataset.name}'s {n} training images in order, "
                             "so no gallery image can be drawn")
@@ -112,21 +107,8 @@ class Gallery:
     def name(self, item: int) -> str:
         """What a gallery item that cannot be drawn is: its sources.json id, or why not."""
         if self.sources is not None and 0 <= item < len(self.sources[1]):
-            return f"{'enrolled' if item >= len(self.images) else 'gallery'}: {self.sources[1][item]}"
-        return "enrolled image" if item >= len(self.images) else "gallery image"
-
-
-@dataclass
-class Case:
-    """One held-out image and the served answer for it."""
-
-    position: int
-    truth: str
-    pred: str
-    confidence: float
-    score: float
-    unknown: bool
-    neighbours: list[tuple[int, str, float]]  # (gallery id, label, distance)
+            return f"{'enrolled' if item >= self.trained else 'gallery'}: {self.sources[1][item]}"
+        return "enrolled image" if item >= self.trained else "gallery image"
 
 
 @dataclass
@@ -153,8 +135,8 @@ def _case(searcher, position: int, truth: str, distances, ids, score: float, bla
           switch_to: str | None = None) -> Case:
     answer = searcher.answer(distances, ids, score, switch_to)
     neighbours = [(int(i), str(searcher.labels[i]), float(d)) for i, d in zip(ids, distances) if i >= 0]
-    return Case(position, truth, str(answer["pred"]), float(answer["confidence"]), float(score),
-                bool(answer["unknown"] or blank), neighbours)
+    return Case(position, truth, str(answer.nearest_label), float(answer.confidence), float(score),
+                bool(answer.unknown or blank), neighbours)
 
 
 def analyse(service: "EmbeddingService", dataset: "Dataset", ood: Sequence[str] = DEFAULT_OOD,
@@ -228,103 +210,35 @@ def histogram_png(analysis: Analysis, score_name: str) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _number(value: object, digits: int = 4) -> str:
-    return f"{value:.{digits}f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
-
-
-STYLE = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em auto;max-width:1100px;padding:0 1em;color:#222}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ccc}
-table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}
-th{background:#f3f3f3}table.facts td,table.facts th{text-align:left}
-td.diag{background:#cfe8cf;font-weight:bold}td.zero{color:#bbb}
-.case{display:flex;align-items:flex-start;gap:10px;padding:6px 0;border-bottom:1px solid #eee}
-.query{width:190px;flex:none}.query p{margin:2px 0;font-size:12px}
-.nbs{display:flex;flex-wrap:wrap;gap:6px}figure{margin:0;text-align:center;font-size:11px;width:60px}
-figure img,.missing{width:56px;height:56px;image-rendering:pixelated;border:2px solid #888;display:block}
-figure.same img{border-color:#3a3}figure.other img,figure.other .missing{border-color:#c33}
-.missing{font-size:9px;overflow:hidden;word-break:break-all;background:#f5f5f5;box-sizing:border-box}
-img.q{width:84px;height:84px;image-rendering:pixelated;border:1px solid #888}.note{color:#555;font-size:12px}
-code{background:#f3f3f3;padding:0 3px}
-"""
-
-
-def _facts(metadata: dict, artifacts: Path, source: str, analysis: Analysis, command: str, made: str,
-           service: "EmbeddingService") -> str:
+def model_facts(service: "EmbeddingService", artifacts: Path, threshold: float) -> list[tuple[str, object]]:
+    """The facts rows about the model itself, from metadata.json and the loaded searcher."""
+    metadata, searcher = service.metadata, service.searcher
     dataset = metadata.get("dataset") or {}
     preprocessing = metadata.get("preprocessing") or {}
-    searcher = service.searcher
     index = metadata.get("index") or {}
     enrolled = metadata.get("enrollment") or []
-    recorded = (metadata.get("metrics") or {}).get("accuracy")
-    rows = [
+    return [
         ("artifacts", f"{artifacts} (built {metadata.get('created', 'unknown')})"),
         ("dataset", f"{dataset.get('name', '?')}: {dataset.get('train', '?')} train / {dataset.get('test', '?')} "
                     f"held-out images, classes {', '.join(map(str, dataset.get('classes', [])))}"),
-        ("held-out split from", source),
         ("preprocessing", f"{service.profile.name} version {preprocessing.get('version', service.profile.version)}"),
         ("gallery", f"{searcher.index.ntotal} images, {index.get('type', '?')} index, {searcher.dim}-d embeddings"
                     + (f", {sum(sum(e.get('added', {}).values()) for e in enrolled)} enrolled in {len(enrolled)} "
                        "enrollment(s)" if enrolled else "")),
         ("k", searcher.k),
         ("open-set score", searcher.score + (f" (kth {searcher.kth})" if searcher.score == "kth_distance" else "")),
-        ("threshold", _number(analysis.threshold)),
-        ("accuracy (held-out k-NN vote)", f"{analysis.accuracy:.4f} of {int(analysis.matrix.sum())} images"
-                                          + (f"; metadata.json records {_number(recorded)}" if recorded is not None
-                                             else "")),
-        ("answered unknown", f"{analysis.n_rejected} of {len(analysis.scores)} held-out images"),
-        ("report made", f"{made} by {command}"),
+        ("threshold", number(threshold)),
     ]
-    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
-    return f'<table class="facts" id="facts">{body}</table>'
 
 
-def _confusion(analysis: Analysis) -> str:
-    classes, matrix = analysis.classes, analysis.matrix
-    head = "".join(f"<th>{_e(c)}</th>" for c in classes)
-    rows = []
-    for i, name in enumerate(classes):
-        cells = []
-        for j, count in enumerate(matrix[i]):
-            kind = "diag" if i == j else ("zero" if count == 0 else "")
-            cells.append(f'<td class="{kind}">{int(count)}</td>' if kind else f"<td>{int(count)}</td>")
-        rows.append(f'<tr data-class="{_e(name)}"><th>{_e(name)}</th>{"".join(cells)}<td>{int(matrix[i].sum())}</td>'
-                    f"<td>{analysis.recall[i]:.3f}</td><td>{analysis.unknown_per_class[i]}</td></tr>")
-    return (f'<table id="confusion"><thead><tr><th>true \\ voted</th>{head}<th>n</th><th>recall</th>'
-            f'<th>unknown</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
-            '<p class="note">Rows: the true class; columns: the k-NN vote, whether or not the answer was flagged '
-            'unknown (as the recorded accuracy counts it). <i>unknown</i>: images of that class the open-set '
-            'threshold answered as unknown.</p>')
-
-
-def _cases(kind: str, title: str, cases: list[Case], total: int, analysis: Analysis, gallery: Gallery,
-           explain: str) -> str:
-    parts = [f'<h2 id="{kind}-title">{_e(title)}</h2>',
-             f'<p class="note">{_e(explain)} Showing {len(cases)} of {total}.</p>',
-             f'<section id="{kind}" data-cases="{len(cases)}" data-total="{total}">']
-    for case in cases:
-        verdict = (f"score {case.score:.4f} > {analysis.threshold:.4f}: unknown" if case.unknown
-                   else f"score {case.score:.4f}: accepted")
-        query = png_data_uri(analysis.canvases[case.position], QUERY_SCALE)
-        figures = []
-        for item, label, dist in case.neighbours:
-            side = "same" if label == case.truth else "other"
-            uri = gallery.uri(item)
-            picture = (f'<img class="nb" src="{uri}" alt="{_e(label)}">' if uri
-                       else f'<div class="missing" title="{_e(gallery.name(item))}">{_e(gallery.name(item))}</div>')
-            figures.append(f'<figure class="{side}" data-gallery-id="{item}">{picture}'
-                           f"<figcaption>{_e(label)} · {dist:.3f}</figcaption></figure>")
-        parts.append(f'<div class="case" data-position="{case.position}"><div class="query">'
-                     f'<img class="q" src="{query}" alt="held-out image {case.position}">'
-                     f"<p>held-out #{case.position}: true <b>{_e(case.truth)}</b>, voted <b>{_e(case.pred)}</b> "
-                     f"(confidence {case.confidence:.2f})</p><p>{_e(verdict)}</p></div>"
-                     f'<div class="nbs">{"".join(figures)}</div></div>')
-    parts.append("</section>")
-    return "".join(parts)
+def gallery_notes(gallery: Gallery, service: "EmbeddingService") -> str:
+    """Why some neighbours are not drawn, when they are not."""
+    if gallery.problem:
+        return f'<p class="note">{escape(gallery.problem)}.</p>'
+    if gallery.drawable and service.searcher.index.ntotal > gallery.drawable:
+        return ('<p class="note">Neighbours in grey boxes were enrolled (training enroll) from a folder the artifacts '
+                "do not keep: named, not drawn.</p>")
+    return ""
 
 
 def render(analysis: Analysis, service: "EmbeddingService", gallery: Gallery, artifacts: Path, source: str,
@@ -333,32 +247,34 @@ def render(analysis: Analysis, service: "EmbeddingService", gallery: Gallery, ar
     metadata = service.metadata
     made = made or datetime.now(timezone.utc).isoformat(timespec="seconds")
     name = (metadata.get("dataset") or {}).get("name", "model")
-    notes = "".join(f"<li>{_e(n)}</li>" for n in analysis.unknown_notes)
+    recorded = (metadata.get("metrics") or {}).get("accuracy")
+    facts = model_facts(service, artifacts, analysis.threshold)
+    facts[2:2] = [("held-out split from", source)]
+    facts += [("accuracy (held-out k-NN vote)", f"{analysis.accuracy:.4f} of {int(analysis.matrix.sum())} images"
+               + (f"; metadata.json records {number(recorded)}" if recorded is not None else "")),
+              ("answered unknown", f"{analysis.n_rejected} of {len(analysis.scores)} held-out images"),
+              ("report made", f"{made} by {command}")]
+    notes = "".join(f"<li>{escape(n)}</li>" for n in analysis.unknown_notes)
     blank = int(np.sum(~np.isfinite(analysis.scores)))
-    gallery_note = (f'<p class="note">{_e(gallery.problem)}.</p>' if gallery.problem else "")
-    enrolled_note = ('<p class="note">Neighbours in grey boxes were enrolled (training enroll) from a folder the '
-                     "artifacts do not keep: named, not drawn.</p>"
-                     if gallery.drawable and service.searcher.index.ntotal > gallery.drawable else "")
-    return "".join([
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-        f"<title>{_e(f'What the {name} model does on its held-out split')}</title><style>{STYLE}</style></head><body>",
-        f"<h1>{_e(f'What the {name} model does on its held-out split')}</h1>",
-        _facts(metadata, artifacts, source, analysis, command, made, service),
-        "<h2>Confusion matrix (held-out)</h2>", _confusion(analysis),
+    canvases, threshold = analysis.canvases, analysis.threshold
+    return page(f"What the {name} model does on its held-out split", [
+        facts_table(facts),
+        "<h2>Confusion matrix (held-out)</h2>",
+        confusion_table(analysis.classes, analysis.classes, analysis.matrix, analysis.recall,
+                        analysis.unknown_per_class, CONFUSION_NOTE),
         "<h2>Open-set score</h2>",
         f'<img id="histogram" src="{histogram_png(analysis, service.searcher.score)}" alt="open-set score histogram">',
         f'<p class="note">{blank} blank held-out image(s) score +inf (always unknown) and are not drawn.</p>'
         if blank else "",
         f'<ul class="note">{notes}</ul>' if notes else "",
-        gallery_note, enrolled_note,
-        _cases("errors", "Worst errors", analysis.errors, analysis.n_errors, analysis, gallery,
-               "Held-out images the k-NN vote got wrong: those served as an answer first, then those flagged unknown; "
-               "most confident first. Right: the k nearest gallery images (green: the true class) and distances."),
-        _cases("rejected", "Rejected held-out images", analysis.rejected, analysis.n_rejected, analysis, gallery,
-               "Held-out images answered unknown at the threshold, highest score first, with their k nearest "
-               "gallery images."),
-        "</body></html>\n",
+        gallery_notes(gallery, service),
+        cases_section("errors", "Worst errors", "Held-out images the k-NN vote got wrong: those served as an answer "
+                      "first, then those flagged unknown; most confident first. Right: the k nearest gallery images "
+                      "(green: the true class) and distances.", analysis.errors, analysis.n_errors, canvases,
+                      threshold, gallery),
+        cases_section("rejected", "Rejected held-out images", "Held-out images answered unknown at the threshold, "
+                      "highest score first, with their k nearest gallery images.", analysis.rejected,
+                      analysis.n_rejected, canvases, threshold, gallery),
     ])
 
 

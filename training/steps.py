@@ -47,12 +47,9 @@ from .evaluate import (
 )
 from .export import ONNX_OPSET, export_onnx, export_torchscript, save_checked
 from .index import build_index, default_search_params, recall_at_1, resolve_index_type
+from .outputs import INDEX_INFO_FILE, METRICS_FILE, TRAIN_FILE
 from .quantize import CALIBRATION_IMAGES, QuantizationError, quantize_int8
 from .train import TrainConfig, embed, resolve_negatives, train_model
-
-TRAIN_FILE = "train.json"
-INDEX_INFO_FILE = "index.json"
-METRICS_FILE = "metrics.json"
 
 
 def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | None = None,

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 
 import pytest
+from support.image_tree import digit_folder
 
 from handler.artifacts import METADATA_FILE
 from training.__main__ import main as training_main
@@ -45,26 +46,35 @@ def chromium_dom(page, tmp_path) -> str:
     return done.stdout
 
 
-def test_every_image_of_the_report_renders_in_chromium(tiny_artifacts, tmp_path):
+def need_chromium() -> None:
     if CHROMIUM is None:
         if os.geteuid() == 0:
             pytest.fail("chromium is missing; scripts/system-deps.sh installs it (apt-get install chromium)")
         pytest.skip("chromium is not installed and installing it needs root (apt-get install chromium)")
-    out = tmp_path / "report.html"
-    assert training_main(["report", str(tiny_artifacts), "--out", str(out), "--ood", "synthetic",
-                          "--ood-images", "100", "--threads", "1"]) == 0
+
+
+def probe(out, tmp_path) -> dict[str, str]:
+    """What the probe found in Chromium's DOM of the page at `out`."""
     text = out.read_text(encoding="utf-8")
     assert "script-src 'none'" in text and text.count("</body>") == 1
     probed = tmp_path / "probed.html"
     # Scripts allowed for the probe only; images stay restricted to data: URIs, so one that is not would fail.
     probed.write_text(text.replace("script-src 'none'", "script-src 'unsafe-inline'").replace("</body>",
                                                                                               PROBE + "</body>"))
-
     dom = chromium_dom(probed, tmp_path)
     body = re.search(r"<body([^>]*)>", dom)
     assert body, dom[:500]
     found = dict(re.findall(r'data-(\w+)="([^"]*)"', body.group(1)))
     assert found.get("probe") == "done", f"the load handler did not run: {body.group(0)[:300]}"
+    return found
+
+
+def test_every_image_of_the_report_renders_in_chromium(tiny_artifacts, tmp_path):
+    need_chromium()
+    out = tmp_path / "report.html"
+    assert training_main(["report", str(tiny_artifacts), "--out", str(out), "--ood", "synthetic",
+                          "--ood-images", "100", "--threads", "1"]) == 0
+    found = probe(out, tmp_path)
 
     metadata = json.loads((tiny_artifacts / METADATA_FILE).read_text())
     n = metadata["dataset"]["test"]
@@ -77,3 +87,21 @@ def test_every_image_of_the_report_renders_in_chromium(tiny_artifacts, tmp_path)
     assert int(found["images"]) == expected_images
     assert int(found["rendered"]) == expected_images
     assert found["styled"] == "rgb(207, 232, 207)"  # the page's inline style sheet applied
+
+
+def test_the_report_on_the_users_own_images_renders_in_chromium(tiny_artifacts, tmp_path):
+    """#36 part 6: a folder of the user's <label>/ images gets the same page: every image's canvas and its k
+    neighbours render, and the confusion matrix against the folder labels is styled."""
+    need_chromium()
+    root = digit_folder(tmp_path / "mine")
+    out = tmp_path / "mine.html"
+    assert training_main(["report", str(tiny_artifacts), "--images", str(root), "--out", str(out),
+                          "--threads", "1"]) == 0
+    found = probe(out, tmp_path)
+    k = json.loads((tiny_artifacts / METADATA_FILE).read_text())["k"]
+    answered = len([p for p in root.rglob("*.png") if p.name != "broken.png"])
+    assert int(found["cases"]) == answered
+    assert int(found["rows"]) == 3  # 3/, 7/ and cat/
+    assert int(found["images"]) == answered * (1 + k)  # each image's canvas and its k neighbours; no histogram
+    assert int(found["rendered"]) == int(found["images"])
+    assert found["styled"] == "rgb(207, 232, 207)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from PIL import Image, ImageDraw
@@ -29,4 +30,43 @@ def make_tree(root: Path, counts: dict[str, int]) -> Path:
             drawing(label, i).save(root / label / f"{i:02d}.{ext}", fmt)
         (root / label / "notes.txt").write_text("not an image")
     (root / ".hidden").mkdir()
+    return root
+
+
+def user_folder(root: Path) -> Path:
+    """A folder a user owns: ``7/digit_7.png`` (a real PNG) and ``notes.txt``."""
+    (root / "7").mkdir(parents=True)
+    drawing("7", 0).save(root / "7" / "digit_7.png", "PNG")
+    (root / "notes.txt").write_text("my notes\n")
+    return root
+
+
+def tree_digest(root: Path) -> str:
+    """SHA-256 over every path under `root` (folders too, hidden ones included) and every file's bytes."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        if path.is_file() and not path.is_symlink():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def digit_folder(root: Path, per_class: int = 4, classes: tuple[int, ...] = (3, 7)) -> Path:
+    """The user's own digits: ``root/<digit>/NN.png`` from the bundled sample's held-out images, plus a blank page
+    in ``7/`` (answered unknown, no ink), a file that is not an image in ``7/`` (refused), a drawing in ``cat/`` (a
+    label the gallery lacks) and one unlabelled digit at the top."""
+    import numpy as np
+
+    from training.data import load_dataset
+
+    sample = load_dataset("mnist-sample")
+    for digit in classes:
+        (root / str(digit)).mkdir(parents=True)
+        for n, i in enumerate(np.flatnonzero(sample.test_labels == digit)[:per_class]):
+            Image.fromarray(sample.test_images[i]).save(root / str(digit) / f"{n:02d}.png")
+    Image.new("L", (40, 40), 255).save(root / "7" / "blank.png")
+    (root / "7" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really" * 5)
+    (root / "cat").mkdir()
+    drawing("cat", 1).save(root / "cat" / "ring.png")
+    Image.fromarray(sample.test_images[0]).save(root / "unsorted.png")
     return root

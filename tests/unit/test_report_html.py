@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from support.idx_fixtures import make_idx_dir
+from support.image_tree import digit_folder
 
 from handler.artifacts import METADATA_FILE
 from handler.service import EmbeddingService
@@ -23,7 +24,8 @@ from settings import DEFAULT_DATA_SOURCE
 from training.__main__ import main as training_main
 from training.data import Dataset, load_dataset
 from training.evaluate import evaluate
-from training.report import MAX_CASES, NEIGHBOUR_SCALE, QUERY_SCALE, Gallery, recorded_source
+from training.report import MAX_CASES, Gallery, recorded_source
+from training.report_page import NEIGHBOUR_SCALE, PAGE_HEADER, QUERY_SCALE
 
 HOSTILE_NAME = '<script>alert("x")</script>&amp;'
 
@@ -88,7 +90,7 @@ def hostile_artifacts(tiny_artifacts, tmp_path_factory) -> Path:
 def report(hostile_artifacts, tmp_path_factory):
     """The page for the tiny model, made with the default --out (./report.html) from another directory."""
     cwd = tmp_path_factory.mktemp("report-cwd")
-    (cwd / "report.html").write_text("an older report")
+    (cwd / "report.html").write_text(PAGE_HEADER + "an older report")  # a page of ours: replaced
     before = os.getcwd()
     os.chdir(cwd)
     try:
@@ -265,3 +267,102 @@ def test_bad_input_is_one_line_a_non_zero_exit_and_no_file(tiny_artifacts, tmp_p
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "error" in lines[0] and message in lines[0]
     assert not out.parent.exists()
+
+
+# --- the report on the user's own images (#36, part 6) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def images_report(tiny_artifacts, tmp_path_factory):
+    """`training report --images` on a folder of the user's digits in <label>/ folders (see digit_folder)."""
+    root = digit_folder(tmp_path_factory.mktemp("user-images") / "digits")
+    out = tmp_path_factory.mktemp("images-report") / "mine.html"
+    assert training_main(["report", str(tiny_artifacts), "--images", str(root), "--out", str(out),
+                          "--threads", "1"]) == 0
+    text = out.read_text(encoding="utf-8")
+    return SimpleNamespace(root=root, text=text, page=Page(text))
+
+
+def served_answers(service, root):
+    """What the server answers for each image file under `root` (by its relative name), with neighbour ids."""
+    files = sorted(p for p in root.rglob("*.png"))
+    answers, _ = service.answer([p.read_bytes() for p in files], embedding=[True] * len(files))
+    return {p.relative_to(root).as_posix(): (p, a) for p, a in zip(files, answers)}
+
+
+def cases_of(text: str) -> list["Page"]:
+    """Each case of a page, parsed on its own."""
+    return [Page('<div class="case" ' + chunk.split("</section>")[0]) for chunk in text.split('<div class="case" ')[1:]]
+
+
+def test_images_report_shows_each_image_as_the_model_received_it_and_the_served_answer(images_report, served):
+    service = served.service
+    answers = served_answers(service, images_report.root)
+    shown = cases_of(images_report.text)
+    assert len(shown) == len(answers) - 1  # every image but the file the server refuses
+    for case in shown:
+        (query,) = case.find("img", **{"class": "q"})
+        path, answer = answers[query["alt"]]
+        canvas = png_pixels(query["src"])[::QUERY_SCALE, ::QUERY_SCALE]
+        tensor, _ = service.profile.read(path.read_bytes())
+        assert np.array_equal(service.profile.normalize(canvas[None])[0], tensor)  # exactly the model's input
+        assert [int(a["data-gallery-id"]) for a in case.find("figure")] == [n["id"] for n in answer["neighbours"]]
+        said = "unknown" if answer["unknown"] else answer["pred"]
+        assert f"{query['alt']}: " in case.text[0] and "".join(case.text).count(f"answered {said} (confidence") == 1
+    assert answers["7/blank.png"][1]["reason"] == "no_ink"
+    blank = next(c for c in shown if c.find("img", alt="7/blank.png"))
+    assert "unknown (no_ink)" in "".join(blank.text)
+    assert images_report.page.find("ul", id="refused")
+    assert html_escaped(answers["7/broken.png"][1]["error"]) in images_report.text
+
+
+def test_images_report_scores_the_answers_against_the_folder_labels(images_report, served):
+    answers = served_answers(served.service, images_report.root)
+    labelled = {name: a for name, (_, a) in answers.items() if "/" in name and "error" not in a}
+    header, *rows = images_report.page.rows
+    columns = header[1:-2]
+    assert columns == [*sorted(set(map(str, served.service.searcher.labels))), "unknown"]
+    assert header[-2:] == ["n", "recall"]
+    assert [row[0] for row in rows] == ["3", "7", "cat"]
+    for row in rows:
+        mine = [a for name, a in labelled.items() if name.split("/")[0] == row[0]]
+        expected = [sum((("unknown" if a["unknown"] else a["pred"]) == c) for a in mine) for c in columns]
+        assert [int(v) for v in row[1:-2]] == expected and int(row[-2]) == len(mine)
+        assert float(row[-1]) == pytest.approx(sum(a["pred"] == row[0] for a in mine) / len(mine), abs=5e-4)
+    right = sum(a["pred"] == name.split("/")[0] for name, a in labelled.items())
+    assert f"{right / len(labelled):.4f} of {len(labelled)} labelled images" in "".join(images_report.page.text)
+
+
+def test_images_report_without_label_folders_has_no_confusion_matrix(tiny_artifacts, tmp_path):
+    root = tmp_path / "loose"
+    root.mkdir()
+    sample = load_dataset(DEFAULT_DATA_SOURCE)
+    for i in range(3):
+        Image.fromarray(sample.test_images[i]).save(root / f"{i}.png")
+    out = tmp_path / "loose.html"
+    assert training_main(["report", str(tiny_artifacts), "--images", str(root), "--out", str(out)]) == 0
+    page = Page(out.read_text(encoding="utf-8"))
+    assert page.rows == [] and len(cases_of(out.read_text(encoding="utf-8"))) == 3
+    assert "no labels to score against" in " ".join(page.text)
+
+
+@pytest.mark.parametrize(("images", "code", "message"), [
+    ("{tmp}/missing", 2, "--images {tmp}/missing: no such folder"),
+    ("{tmp}/empty", 1, "no images"),
+])
+def test_images_report_bad_input_is_one_line(tiny_artifacts, tmp_path, images, code, message, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no pictures here")
+    out = tmp_path / "out.html"
+    rc = training_main(["report", str(tiny_artifacts), "--images", images.format(tmp=tmp_path), "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == code and len(err) == 1 and message.format(tmp=tmp_path) in err[0], err
+    assert not out.exists()
+
+
+def test_a_page_that_is_not_a_report_is_never_replaced(tiny_artifacts, tmp_path, capsys):
+    mine = tmp_path / "index.html"
+    mine.write_text("<!DOCTYPE html>\n<html><body>my home page</body></html>\n")
+    assert training_main(["report", str(tiny_artifacts), "--out", str(mine), "--ood", "none"]) == 2
+    assert "exists and was not written by this command" in capsys.readouterr().err
+    assert "my home page" in mine.read_text()

@@ -36,11 +36,13 @@ from handler.artifacts import (
 from handler.preprocessing import PREPROCESSING_VERSION
 from handler.search import GallerySearcher
 from training import export as export_module
+from owned_paths import MARKER, mark
 from training.build import staged_directory
 from training.evaluate import ACCEPT_QUANTILE, calibrate_threshold, evaluate
 from training.export import ExportError, export_torchscript
 from training.index import build_index, recall_at_1
 from training.model import EmbeddingNet
+from training.outputs import ARTIFACTS_KIND
 from training.steps import load_model
 from training.train import TrainConfig, embed, train_model
 
@@ -379,26 +381,26 @@ def leftovers(parent: Path) -> list[str]:
 def test_staged_directory_keeps_previous_output_on_failure(tmp_path, error):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "old.txt").write_text("old")
+    (out / "metrics.json").write_text("old")
     with pytest.raises(error):
         with staged_directory(out) as staging:
             assert staging.parent == out.parent and staging.is_dir()
-            (staging / "new.txt").write_text("new")
+            (staging / "labels.json").write_text("new")
             raise error("boom")
-    assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
-    assert (out / "old.txt").read_text() == "old"
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json"]
+    assert (out / "metrics.json").read_text() == "old"
     assert leftovers(tmp_path) == []
 
 
 def test_staged_directory_replaces_output_on_success(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "old.txt").write_text("old")
+    (out / "metrics.json").write_text("old")
     with staged_directory(out) as staging:
-        (staging / "new.txt").write_text("new")
-        assert (out / "old.txt").read_text() == "old"
-    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
-    assert (out / "new.txt").read_text() == "new"
+        (staging / "labels.json").write_text("new")
+        assert (out / "metrics.json").read_text() == "old"
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "labels.json"]
+    assert (out / "labels.json").read_text() == "new"
     assert leftovers(tmp_path) == []
 
 
@@ -409,11 +411,11 @@ def no_exchange(a, b):
 def test_staged_directory_swaps_in_one_step_where_it_can(tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "old.txt").write_text("old")
+    (out / "metrics.json").write_text("old")
     monkeypatch.setattr("training.build.os.replace", lambda *a: pytest.fail("a rename instead of the exchange"))
     with staged_directory(out) as staging:
-        (staging / "new.txt").write_text("new")
-    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+        (staging / "labels.json").write_text("new")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "labels.json"]
     assert leftovers(tmp_path) == []
 
 
@@ -421,7 +423,7 @@ def test_staged_directory_keeps_previous_output_when_interrupted_between_renames
     """The fallback where renameat2 is missing."""
     out = tmp_path / "out"
     out.mkdir()
-    (out / "old.txt").write_text("old")
+    (out / "metrics.json").write_text("old")
     real_replace, calls = os.replace, []
 
     def replace_interrupted_on_second_call(src, dst):
@@ -434,10 +436,10 @@ def test_staged_directory_keeps_previous_output_when_interrupted_between_renames
     monkeypatch.setattr("training.build.os.replace", replace_interrupted_on_second_call)
     with pytest.raises(KeyboardInterrupt):
         with staged_directory(out) as staging:
-            (staging / "new.txt").write_text("new")
+            (staging / "labels.json").write_text("new")
     assert len(calls) >= 2  # the interrupted rename happened; the restore is a further call
     assert out.is_dir()
-    assert (out / "old.txt").read_text() == "old"
+    assert (out / "metrics.json").read_text() == "old"
     assert leftovers(tmp_path) == []
 
 
@@ -460,8 +462,8 @@ def test_staged_directory_removes_what_killed_builds_left_and_nothing_else(tmp_p
 def test_staged_directory_creates_missing_output(tmp_path):
     out = tmp_path / "nested" / "out"
     with staged_directory(out) as staging:
-        (staging / "new.txt").write_text("new")
-    assert (out / "new.txt").read_text() == "new"
+        (staging / "labels.json").write_text("new")
+    assert (out / "labels.json").read_text() == "new"
     assert leftovers(out.parent) == []
 
 
@@ -564,6 +566,7 @@ def test_cli_trains_on_image_folder_end_to_end(tmp_path):
     out = tmp_path / "build" / "out"
     out.mkdir(parents=True)
     (out / "stale.txt").write_text("from a previous build")
+    mark(out, ARTIFACTS_KIND, "python -m training")  # that build's marker: the folder is training's to replace
 
     result = run_cli("--data-source", f"folder:{root}", "--epochs", "1", "--embedding-dim", "8", "--no-plots",
                      "--out", str(out))
@@ -587,4 +590,4 @@ def test_cli_trains_on_image_folder_end_to_end(tmp_path):
     searcher = tiny_searcher(out, metadata)
     model = load_model(out / MODEL_FILE)
     assert embed(model, np.zeros((2, 1, 28, 28), np.float32)).shape == (2, 8)
-    assert searcher.classify(embed(model, np.zeros((1, 1, 28, 28), np.float32)))[0]["pred"] in {"a", "b", "c"}
+    assert searcher.classify(embed(model, np.zeros((1, 1, 28, 28), np.float32)))[0].nearest_label in {"a", "b", "c"}
