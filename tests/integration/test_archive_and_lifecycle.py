@@ -16,8 +16,8 @@ import pytest
 from serving.server import PID_FILE, ServerError, private_instance, start, stop
 
 from handler.artifacts import sha256_file
-from serving.archive import ArchiveError, build_mar
-from settings import REPO
+from serving.archive import PARTIAL_PREFIX, ArchiveError, build_mar
+from settings import MODEL_VERSION, REPO
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
 
@@ -38,20 +38,25 @@ def torchserve_processes(workdir: Path) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.parametrize("version, name, recorded", [(None, "embedding.mar", MODEL_VERSION),
+                                                     ("2.0", "embedding-2.0.mar", "2.0")])
 @pytest.mark.serving
-def test_archive_sh_packs_handler_artifacts_and_config(tiny_artifacts, tmp_path):
-    result = run_archive("--artifacts", str(tiny_artifacts), "--export-path", str(tmp_path), "--model-version", "2.0")
+def test_archive_sh_packs_handler_artifacts_and_config(tiny_artifacts, tmp_path, version, name, recorded):
+    """The default version keeps embedding.mar (the quick start's and TorchServe's name); a version given names the
+    file, so versions sit side by side in one model store without renaming by hand."""
+    result = run_archive("--artifacts", str(tiny_artifacts), "--export-path", str(tmp_path),
+                         *(["--model-version", version] if version else []))
     assert result.returncode == 0, result.stderr
-    mar = tmp_path / "embedding.mar"
+    mar = tmp_path / name
     assert sha256_file(mar) in result.stdout and "MB" in result.stdout
     with zipfile.ZipFile(mar) as archive:
         names = set(archive.namelist())
         manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
     assert {"model.pt", "index.faiss", "labels.json", "sources.json", "metadata.json", "model-config.yaml",
             "embedding_handler.py", "handler/preprocessing.py", "handler/search.py"} <= names
-    assert manifest["model"]["modelVersion"] == "2.0"
+    assert manifest["model"]["modelVersion"] == recorded
     assert manifest["model"]["handler"] == "embedding_handler.py"
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary left, no marker in the model store
 
 
 @pytest.mark.parametrize("args,code,message", [
@@ -93,6 +98,49 @@ def test_failed_build_leaves_previous_archive_intact(tiny_artifacts, tmp_path):
         build_mar(broken, store)
     assert sha256_file(good) == before
     assert [p.name for p in store.iterdir()] == ["embedding.mar"]
+
+
+def old_archive(path: Path) -> bytes:
+    """An earlier model archive at `path` (a zip with MAR-INF/MANIFEST.json, as torch-model-archiver writes)."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelVersion": "0.9"}}))
+    return path.read_bytes()
+
+
+def test_build_mar_replaces_an_archive_and_nothing_else(tiny_artifacts, tmp_path):
+    """A file of the user's named like the archive stays; an earlier archive is replaced (library callers too)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "embedding.mar").write_bytes(b"my own file")
+    with pytest.raises(ArchiveError, match="is not a model archive"):
+        build_mar(tiny_artifacts, store)
+    assert (store / "embedding.mar").read_bytes() == b"my own file"
+    old = old_archive(store / "embedding-2.0.mar")
+    built = build_mar(tiny_artifacts, store, version="2.0", file_name="embedding-2.0.mar")
+    assert built == store / "embedding-2.0.mar" and built.read_bytes() != old
+    assert sorted(p.name for p in store.iterdir()) == ["embedding-2.0.mar", "embedding.mar"]
+
+
+def test_archive_sh_writes_into_a_model_store_of_archives_only(tiny_artifacts, tmp_path, capsys):
+    """A store of archives (and what a killed build left) is written to; one holding anything else is refused
+    with one line, and stays as it was."""
+    import serving.archive as archive
+
+    store = tmp_path / "store"
+    (store / f"{PARTIAL_PREFIX}embedding-killed").mkdir(parents=True)
+    old_archive(store / "embedding-0.9.mar")
+    assert archive.main(["--artifacts", str(tiny_artifacts), "--export-path", str(store)]) == 0
+    assert sorted(p.name for p in store.iterdir() if not p.name.startswith(".")) == ["embedding-0.9.mar",
+                                                                                    "embedding.mar"]
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "notes.txt").write_text("mine")
+    old_archive(mixed / "embedding.mar")
+    capsys.readouterr()
+    assert archive.main(["--artifacts", str(tiny_artifacts), "--export-path", str(mixed)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--export-path" in err[0] and "did not make" in err[0]
+    assert sorted(p.name for p in mixed.iterdir()) == ["embedding.mar", "notes.txt"]
 
 
 @pytest.mark.serving
@@ -142,7 +190,7 @@ def test_ctrl_c_says_truthfully_whether_the_new_archive_was_published(tiny_artif
 
     store = tmp_path / "store"
     store.mkdir()
-    (store / "embedding.mar").write_bytes(b"old")
+    old = old_archive(store / "embedding.mar")
 
     def build_then_interrupt(artifacts, export_path, *args, **kwargs):
         if when == "after":
@@ -157,6 +205,6 @@ def test_ctrl_c_says_truthfully_whether_the_new_archive_was_published(tiny_artif
     assert archive.main(["--no-train", "--artifacts", str(tiny_artifacts), "--export-path", str(store)]) == 130
     err = capsys.readouterr().err
     if when == "before":
-        assert "model store left as it was" in err and (store / "embedding.mar").read_bytes() == b"old"
+        assert "model store left as it was" in err and (store / "embedding.mar").read_bytes() == old
     else:
         assert f"interrupted after the new archive was published to {store / 'embedding.mar'}" in err
