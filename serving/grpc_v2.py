@@ -1,7 +1,7 @@
 """Open Inference gRPC (KServe's ``grpc-v2``) for the gateway, served by ``grpc.aio`` in the gateway's event loop.
 
 KServe's model server answers ``inference.GRPCInferenceService`` on port 8081 beside REST on 8080; so does
-the gateway (:mod:`serving.kserve_runtime`), with the same backend and the same rules as its REST v2 route:
+the gateway (:mod:`serving.gateway.app`), with the same backend and the same rules as its REST v2 route:
 
 - ServerLive / ServerReady are ``/v2/health/live`` / ``/v2/health/ready`` and, like those probes, need no key;
   every other RPC needs the metadata ``authorization: Bearer <key>`` (the REST gateway's key, compared with
@@ -36,7 +36,7 @@ logger = logging.getLogger("kserve_runtime.grpc")
 pb, pb_grpc = load()
 
 SERVICE = "inference.GRPCInferenceService"
-#: RPCs answered without the key: the gRPC twins of the REST probe paths (kserve_runtime.PROBE_PATHS).
+#: RPCs answered without the key: the gRPC twins of the REST probe paths (serving.gateway.app.PROBE_PATHS).
 OPEN_METHODS = frozenset(f"/{SERVICE}/{name}" for name in ("ServerLive", "ServerReady"))
 #: Which InferTensorContents field carries each datatype's typed contents (FP16 and BF16: raw only).
 CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
@@ -178,7 +178,7 @@ def _error_message(payload: bytes, status: int) -> str:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """The RPCs, answered by the REST gateway's own checks and backend (a serving.kserve_runtime.Gateway)."""
+    """The RPCs, answered by the REST gateway's own checks and backend (a serving.gateway.app.Gateway)."""
 
     def __init__(self, gateway: Any) -> None:
         self.gateway = gateway
@@ -271,14 +271,17 @@ async def _refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
 _REFUSE = grpc.unary_unary_rpc_method_handler(_refuse)
 
 
-def server(gateway: Any, address: str, max_message_bytes: int) -> tuple[grpc.aio.Server, int]:
+def server(gateway: Any, address: str, max_message_bytes: int,
+           reuse_port: bool = False) -> tuple[grpc.aio.Server, int]:
     """A started-to-be grpc.aio server bound to `address` ("host:port"); (server, bound port).
 
-    SO_REUSEPORT is off, so a taken port is an error here instead of two processes sharing the port.
+    Without `reuse_port` SO_REUSEPORT is off, so a taken port is an error here instead of two processes sharing
+    the port; with it, several processes (the python runtime's workers) serve one port and the kernel spreads the
+    connections over them.
     """
     interceptors = [BearerKeyInterceptor(gateway.api_key)] if gateway.api_key is not None else []
     aio_server = grpc.aio.server(interceptors=interceptors, options=[
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", -1),
     ])

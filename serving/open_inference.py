@@ -1,7 +1,7 @@
 """The transport side of KServe v1 and Open Inference v2 REST, as KServe's and Triton's clients speak it.
 
 The handler (:mod:`handler.protocols`) reads and writes the JSON bodies; this module, used by the gateway
-(:mod:`serving.kserve_runtime`), makes what clients actually send into such a body and back:
+(:mod:`serving.gateway.app`), makes what clients actually send into such a body and back:
 
 - the body of ``/v1/models/<m>:predict`` and ``/v2/models/<m>/infer`` is the protocol's JSON whatever its
   ``Content-Type`` (KServe's ``InferenceRESTClient`` sends none, which TorchServe would take for image

@@ -20,6 +20,7 @@ from serving.gateway.app import Gateway
 from serving.gateway.grpc_server import GrpcStartError, start_grpc as _start_grpc
 from serving.kserve_runtime.torchserve import Upstream
 from serving.open_inference import read_v2
+from serving.server import free_ports
 
 MODEL = "embedding"
 KEY = "s3cret-key"
@@ -271,6 +272,29 @@ def test_a_taken_grpc_port_fails_only_when_the_port_was_asked_for():
     assert asyncio.run(run(False)) is None
     with pytest.raises(GrpcStartError, match="cannot be served on port"):
         asyncio.run(run(True))
+
+
+def test_workers_share_one_grpc_port_only_with_reuse_port():
+    """The python runtime's workers each serve the runtime's gRPC port (reuse_port); the gateway's one server
+    refuses a port another process holds."""
+    async def run() -> list:
+        (port,) = free_ports(1)
+        first = await _start_grpc(ScriptedGateway(), "127.0.0.1", port, True, reuse_port=True)
+        second = await _start_grpc(ScriptedGateway(), "127.0.0.1", port, True, reuse_port=True)
+        try:
+            with pytest.raises(GrpcStartError, match="cannot be served on port"):
+                await _start_grpc(ScriptedGateway(), "127.0.0.1", port, True)
+            answers = []
+            for _ in range(2):
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+                    answers.append((await stub.ServerLive(pb.ServerLiveRequest(), timeout=10)).live)
+            return answers
+        finally:
+            await first.stop(None)
+            await second.stop(None)
+
+    assert asyncio.run(run()) == [True, True]
 
 
 def test_stubs_are_generated_outside_the_tree_and_stale_when_the_proto_changes(tmp_path):
