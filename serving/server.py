@@ -30,6 +30,8 @@ from torchserve_api.errors import ClientError
 from torchserve_api.management import ManagementClient
 from torchserve_api.tokens import from_key_file
 
+from .ports import port_taken
+
 PID_FILE = ".model_server.pid"  # TorchServe's launcher writes it into $TMPDIR
 #: The start of a log4j record in TorchServe's logs; other lines continue the record above (a stack trace).
 LOG_RECORD = re.compile(r"^\d{4}-\d{2}-\d{2}T")
@@ -100,13 +102,7 @@ def _is_torchserve(pid: int) -> bool:
 
 def port_in_use(port: int) -> bool:
     """Whether a process listens on (or holds) loopback `port`."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
+    return port_taken("127.0.0.1", port)
 
 
 def _log_tail(instance: Instance, lines: int = 400) -> str:

@@ -17,13 +17,13 @@ import asyncio
 import logging
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from serving.gateway.options import add_serving_arguments, api_key, grpc_port, shutdown_times
+from serving.ports import port_taken
 from serving.python_runtime.archive import Archive, ArchiveError, open_archive
 from serving.python_runtime.metrics_page import MetricsPage
 from serving.python_runtime.plan import Plan, VersionPlan
@@ -99,18 +99,6 @@ def build_plan(args: argparse.Namespace, props: dict[str, str], config: Path, ru
     plan = Plan(model, versions, default, str(opened[default].model_dir), size, timeout, opened[default].batch_size,
                 args.http_host, args.http_port, port, required, times.delay, times.grace)
     return plan, opened[default]
-
-
-def port_taken(host: str, port: int) -> bool:
-    """Another process holds the port (checked without SO_REUSEPORT, which would let the workers share it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def worker_count(args: argparse.Namespace, archive: Archive) -> int:
