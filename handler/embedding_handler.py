@@ -10,20 +10,17 @@ the stages (and records HandlerTime); each stage here does what its name says. S
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-from dataclasses import replace
 from http import HTTPStatus
 
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from handler.answer import Answer
 from handler.artifacts import ArtifactError, quantization, read_metadata
 from handler.preprocessing import DEFAULT_MAX_PIXELS
-from handler.protocols import encode, read_row
+from handler.protocols import encode_batch, read_row
 from handler.service import DEFAULT_RUNTIME, BatchTimings, EmbeddingService
 from handler.ts_metrics import baseline_values, record_baseline, record_metrics
 
@@ -148,13 +145,8 @@ class EmbeddingHandler(BaseHandler):
         # per-request status and headers only apply when each row is its own request.
         per_request = len(requests) == len(self.context.request_ids or {})
         version = (self.context.manifest or {}).get("model", {}).get("modelVersion")
-        if version:
-            answers = [replace(a, model_version=version) if isinstance(a, Answer) else a for a in answers]
-        out, start = [], 0
-        for idx, request in enumerate(requests):
-            count = len(request.items)
-            status, body = encode(request, answers[start:start + count], self.context.model_name, version)
-            start += count
+        out = []
+        for idx, (status, text) in enumerate(encode_batch(requests, answers, self.context.model_name, version)):
             if per_request:
                 if status != 200:
                     # The standard phrase, never the message: TorchServe 0.12 frames the phrase by characters
@@ -166,7 +158,7 @@ class EmbeddingHandler(BaseHandler):
                     # fails the call ("Worker died") and restarts the worker. Never on HTTP, where the
                     # header turns the answer into a stream whose head is never sent.
                     self.context.set_response_header(idx, "ts_stream_next", "false")
-            out.append(json.dumps(body))
+            out.append(text)
         return out
 
     def _send_baseline(self, context) -> None:

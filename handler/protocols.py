@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -355,6 +355,21 @@ def encode(request: ProtocolRequest, answers: Sequence[Result], model_name: str,
     if status != 200:
         body["error"] = failed[0].error
     return status, body
+
+
+def encode_batch(requests: Sequence[ProtocolRequest], answers: Sequence[Result], model_name: str,
+                 model_version: str | None) -> list[tuple[int, str]]:
+    """(HTTP status, JSON text) per request of a batch, from the batch's answers in request order: each answer
+    carries `model_version` (when the archive names one) and is encoded by :func:`encode`. TorchServe's handler
+    and the python runtime answer with this one function."""
+    if model_version:
+        answers = [replace(a, model_version=model_version) if isinstance(a, Answer) else a for a in answers]
+    replies, start = [], 0
+    for request in requests:
+        status, body = encode(request, answers[start:start + len(request.items)], model_name, model_version)
+        start += len(request.items)
+        replies.append((status, json.dumps(body)))
+    return replies
 
 
 def typed_outputs(answers: Sequence[Result], embedding: bool = False,

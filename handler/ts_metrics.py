@@ -4,7 +4,7 @@ computes.
 A TorchServe 0.12 worker hands metrics to its frontend as ``[METRICS]...`` lines on stdout; its metrics cache API
 (``ts.metrics``) writes one log record, so one flushed write, per metric. The per-batch metrics are written here as
 the same lines in one record per batch (:func:`record_metrics`); the drift-baseline gauges, sent every 30 s,
-still go through the cache API."""
+still go through the cache API. Names and labels: :mod:`handler.metric_names`."""
 
 from __future__ import annotations
 
@@ -13,39 +13,18 @@ import socket
 import time
 from typing import Any
 
-import numpy as np
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.metrics.unit import Units
 
+# The names, labels and baseline figures live where no `ts` import is needed (the python runtime reads them);
+# they are re-exported here for the code that has always imported them from this module.
+from .metric_names import BASELINE_METRICS, DIMENSIONS, METRIC_NAMES, NO_VERSION, baseline_values  # noqa: F401
 from .service import BatchTimings
 
 logger = logging.getLogger(__name__)
 #: The unit names TorchServe's metrics write for the short ones its API takes ("ms" -> "Milliseconds").
 UNIT_NAMES: dict[str | None, str] = Units().units
-
-#: Custom metrics the handler emits per batch (on the Prometheus endpoint with model_metrics_auto_detect).
-#: EmbeddingAnsweredImages and EmbeddingTop1DistanceSum are counters: rate(sum) / rate(answered) is the exact
-#: mean top-1 distance over a window, and rate(unknown) / rate(answered) the unknown-answer ratio.
-METRIC_NAMES = ("EmbeddingPreprocessMs", "EmbeddingInferenceMs", "EmbeddingSearchMs", "EmbeddingBatchSize",
-                "EmbeddingTop1Distance", "EmbeddingUnknownAnswers", "EmbeddingRejectedInputs",
-                "EmbeddingAnsweredImages", "EmbeddingTop1DistanceSum")
-
-#: Dimensions of every handler metric, in this order (TorchServe's frontend adds Hostname). ModelVersion is the
-#: .mar's version, so the figures of two versions (a canary beside the stable one) stay apart.
-DIMENSIONS = ("ModelName", "Level", "ModelVersion")
-#: ModelVersion of a .mar whose manifest names none.
-NO_VERSION = "unversioned"
-
-#: The drift baseline of the loaded model (metadata.json "drift_baseline"), exposed as gauges so alerts
-#: compare live traffic with the model being served; absent for artifacts trained before it existed.
-BASELINE_METRICS = {
-    "EmbeddingBaselineTop1DistanceMean": ("top1_distance", "mean"),
-    "EmbeddingBaselineTop1DistanceP50": ("top1_distance", "p50"),
-    "EmbeddingBaselineTop1DistanceP90": ("top1_distance", "p90"),
-    "EmbeddingBaselineTop1DistanceP99": ("top1_distance", "p99"),
-    "EmbeddingBaselineUnknownRate": ("unknown_rate", None),
-}
 
 
 def dimensions(model_name: str, model_version: str | None) -> list[Dimension]:
@@ -121,22 +100,6 @@ def record_metrics(metrics: Any, batch_size: int, timings: BatchTimings, model_n
     lines = batch_metric_lines(batch_size, timings, model_name, model_version, request_ids_of(metrics),
                                socket.gethostname(), int(time.time()), emitted)
     logger.info("\n".join([log_line, *lines] if log_line else lines))
-
-
-def baseline_values(metadata: dict) -> dict[str, float]:
-    """{metric name: value} from metadata.json's drift baseline; empty when the artifacts have none (or a
-    malformed one)."""
-    baseline = metadata.get("drift_baseline")
-    if not isinstance(baseline, dict):
-        return {}
-    values = {}
-    for name, (key, sub) in BASELINE_METRICS.items():
-        value = baseline.get(key)
-        if sub is not None:
-            value = value.get(sub) if isinstance(value, dict) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
-            values[name] = float(value)
-    return values if len(values) == len(BASELINE_METRICS) else {}  # all or nothing: alerts need every figure
 
 
 def record_baseline(metrics: Any, model_name: str, model_version: str | None, values: dict[str, float]) -> None:

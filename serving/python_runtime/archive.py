@@ -23,6 +23,9 @@ MANIFEST = "MAR-INF/MANIFEST.json"
 HANDLER_ENTRY = "embedding_handler.py"
 #: The handler core's package inside the archive.
 HANDLER_PACKAGE = "handler"
+#: Modules of the archive's handler package the workers import. An archive packed before handler/metric_names.py
+#: existed would import TorchServe's ``ts`` for the metric names, which this runtime does not need installed.
+RUNTIME_MODULES = ("answer.py", "protocols.py", "service.py", "metric_names.py")
 
 
 class ArchiveError(Exception):
@@ -89,6 +92,10 @@ def _manifest(model_dir: Path, mar: Path) -> dict[str, Any]:
     if model.get("handler") != HANDLER_ENTRY or not (model_dir / HANDLER_PACKAGE).is_dir():
         raise ArchiveError(f"{mar}: handler {model.get('handler')!r} is not this project's ({HANDLER_ENTRY} with "
                            f"its {HANDLER_PACKAGE}/ package): serve it with TorchServe")
+    missing = [name for name in RUNTIME_MODULES if not (model_dir / HANDLER_PACKAGE / name).is_file()]
+    if missing:
+        raise ArchiveError(f"{mar}: its {HANDLER_PACKAGE}/ package has no {', '.join(missing)}: packed before this "
+                           "runtime could serve it; rebuild it with ./archive.sh")
     for key in ("modelName", "modelVersion"):
         if not isinstance(model.get(key), str) or not model[key]:
             raise ArchiveError(f"{mar}: {MANIFEST} names no {key}")

@@ -3,25 +3,24 @@ TorchServe, for a batch of request rows, without TorchServe's context.
 
 Each stage is the handler's own: rows are read by :func:`handler.protocols.read_row`, images prepared and answered
 by :class:`handler.service.EmbeddingService` (one forward pass and one search per batch), and each request's answer
-written by :func:`handler.protocols.encode` with the archive's model version, then as the JSON text the handler
-returns. Settings come from the archive's model-config.yaml ``handler:`` section, as the handler reads them.
+written by :func:`handler.protocols.encode_batch` with the archive's model version, the very function the handler
+answers with. Settings come from the archive's model-config.yaml ``handler:`` section, as the handler reads them.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 
-from handler.answer import Answer
 from handler.preprocessing import DEFAULT_MAX_PIXELS
-from handler.protocols import encode, read_row
+from handler.metric_names import baseline_values
+from handler.protocols import encode_batch, read_row
 from handler.service import DEFAULT_RUNTIME, BatchTimings, EmbeddingService
 
 logger = logging.getLogger("python_runtime")
@@ -77,13 +76,8 @@ class HandlerCore:
         prepared = self.service.prepare([item for request in requests for item in request.items])
         embedding = [request.embedding for request in requests for _ in request.items]
         answers, timings = self.service.predict(prepared, embedding)
-        answers = [replace(a, model_version=self.version) if isinstance(a, Answer) else a for a in answers]
-        replies, start = [], 0
-        for request in requests:
-            count = len(request.items)
-            status, body = encode(request, answers[start:start + count], self.model_name, self.version)
-            start += count
-            replies.append((status, json.dumps(body).encode()))
+        replies = [(status, text.encode())
+                   for status, text in encode_batch(requests, answers, self.model_name, self.version)]
         return BatchAnswer(replies, len(answers), timings, time.perf_counter() - started)
 
     def warm_up(self) -> None:
@@ -98,7 +92,5 @@ class HandlerCore:
         self.answer([({"body": buffer.getvalue()}, {"body": "image/png"})])
 
     def baseline(self) -> dict[str, float]:
-        """The drift-baseline gauges' values (handler.ts_metrics.baseline_values); empty when none recorded."""
-        from handler.ts_metrics import baseline_values
-
+        """The drift-baseline gauges' values (handler.metric_names.baseline_values); empty when none recorded."""
         return baseline_values(self.service.metadata)

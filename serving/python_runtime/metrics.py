@@ -1,6 +1,6 @@
 """The python runtime's metrics under TorchServe's names, so that the shipped Prometheus rules and alerts read them
 unchanged (deploy/prometheus/rules): the frontend's request counters and latency sums, the handler's per-batch
-figures (handler.ts_metrics' names and labels), the workers' load times and the drift baseline.
+figures (handler.metric_names' names and labels), the workers' load times and the drift baseline.
 
 Every worker process writes its values with prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set
 by the supervisor before the worker starts); the supervisor serves their sum on the metrics port
@@ -16,7 +16,7 @@ from typing import Mapping
 from prometheus_client import Counter, Gauge
 
 from handler.service import BatchTimings
-from handler.ts_metrics import BASELINE_METRICS, DIMENSIONS, METRIC_NAMES
+from handler.metric_names import BASELINE_METRICS, DIMENSIONS, METRIC_NAMES
 
 #: The model version label of TorchServe's request counters for paths that name no version.
 DEFAULT_VERSION_LABEL = "default"

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 import zipfile
 
@@ -15,12 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from handler.service import BatchTimings
 from handler.ts_metrics import batch_metric_lines
 from serving.gateway.backend import InferenceCall
-from serving.python_runtime.archive import ArchiveError, open_archive
+from serving.python_runtime.archive import RUNTIME_MODULES, ArchiveError, open_archive
 from serving.python_runtime.backend import inference_target, torchserve_error
 from serving.python_runtime.batcher import Batcher, Job
 from serving.python_runtime.metrics import batch_values
 from serving.python_runtime.metrics_page import render
 from serving.python_runtime.request_rows import FormError, request_row
+from settings import REPO
 
 
 def row(data: bytes, content_type: str | None = None, **headers: str):
@@ -149,10 +153,12 @@ def mar(tmp_path, files: dict[str, bytes]):
 
 MANIFEST = json.dumps({"model": {"modelName": "embedding", "modelVersion": "1.0", "handler": "embedding_handler.py",
                                  "configFile": "model-config.yaml"}}).encode()
+#: The handler package of an archive the runtime serves: the modules its workers import.
+HANDLER = {f"handler/{name}": b"" for name in ("__init__.py", *RUNTIME_MODULES)}
 
 
 def test_an_archive_of_this_projects_handler_opens(tmp_path):
-    path = mar(tmp_path, {"MAR-INF/MANIFEST.json": MANIFEST, "handler/__init__.py": b"",
+    path = mar(tmp_path, {"MAR-INF/MANIFEST.json": MANIFEST, **HANDLER,
                           "model-config.yaml": b"batchSize: 8\nminWorkers: 2\nhandler:\n  threads: 1\n"})
     archive = open_archive(path, tmp_path / "out")
     assert (archive.name, archive.version, archive.batch_size, archive.workers) == ("embedding", "1.0", 8, 2)
@@ -165,6 +171,8 @@ def test_an_archive_of_this_projects_handler_opens(tmp_path):
      "is not this project's"),
     ({"MAR-INF/MANIFEST.json": MANIFEST, "handler/__init__.py": b"", "../evil": b""}, "outside the model directory"),
     ({"MAR-INF/MANIFEST.json": b"[1]", "handler/__init__.py": b""}, "is not a model manifest"),
+    ({"MAR-INF/MANIFEST.json": MANIFEST, **{k: v for k, v in HANDLER.items() if not k.endswith("metric_names.py")}},
+     r"handler/ package has no metric_names.py: packed before this runtime could serve it; rebuild it"),
 ])
 def test_archives_this_runtime_cannot_serve_are_refused(tmp_path, files, message):
     with pytest.raises(ArchiveError, match=message):
@@ -203,3 +211,21 @@ def test_the_page_writes_counters_under_torchserves_names(tmp_path):
     assert families["PredictionTime"].samples[0].value == 1.5
     assert "Requests2XX" in render([], scrapes=1, host="vm").decode()  # scrapes alone make the counter exist
 
+
+
+# --- what it needs installed -------------------------------------------------------------------------------------
+
+#: What a worker and the supervisor import, the archive's handler package included (from the repository here).
+RUNTIME_IMPORTS = ("serving.python_runtime.cli", "serving.python_runtime.worker", "handler.metric_names",
+                   "handler.protocols", "handler.service")
+
+
+def test_the_runtime_runs_without_the_torchserve_package():
+    """Its image has no TorchServe: `import ts` (and Java's absence) must never be needed by its processes."""
+    code = ("import sys; sys.modules['ts'] = None\n"  # any `import ts...` now raises ImportError
+            f"import importlib; [importlib.import_module(m) for m in {RUNTIME_IMPORTS!r}]\n"
+            "print(sorted(m for m in sys.modules if m == 'ts' or m.startswith('ts.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "['ts']"  # only the blocker itself
