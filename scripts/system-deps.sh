@@ -7,8 +7,8 @@
 # glyphs; fonts-liberation and fonts-freefont-ttf render the printed digits the product-quality tests check;
 # dataset-fashion-mnist is the open-set exam of the digit model and the second dataset (full-frame profile).
 # chromium opens the HTML model report in the report test (a real headless browser).
-# nginx with lua-nginx-module fronts TorchServe in the serving runtime (serving/nginx_front.py), on the host in
-# tests and benchmarks as in the image; Debian's own nginx service is stopped again after the install.
+# nginx with lua-nginx-module fronts TorchServe in the serving runtime (serving/kserve_runtime/nginx_front.py), on the
+# host in tests and benchmarks as in the image; Debian's own nginx service is stopped again after the install.
 # The uploads exam of the digit model (training/uploads.py, docs/non-digits.md) is made of the Adwaita and hicolor
 # icon themes, Glyphicons Halflings, Font Awesome, Noto Color Emoji (about 10 MB) and the Liberation/FreeFont faces.
 # Installs only what is missing, as root.
