@@ -171,7 +171,8 @@ def compare_with_deployed(evaluated: Input[Model], model_name: str, namespace: s
     from handler.artifacts import read_metadata
     from pipeline.gate import decide
     from pipeline.gate import report as gate_report
-    from pipeline.kserve_deploy import resolve_namespace, service_name_for
+    from pipeline.kserve_deploy.api import resolve_namespace
+    from pipeline.kserve_deploy.manifest import service_name_for
 
     metrics = read_metadata(Path(evaluated.path))["metrics"]
     name = service_name or service_name_for(model_name)

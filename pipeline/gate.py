@@ -1,7 +1,7 @@
 """The no-regression gate: compare the new model with the one the InferenceService actually serves.
 
 Deploy records what it deployed (ANNOTATIONS: accuracy, open-set rejection, version, .mar SHA-256, run id, and
-the storageUri) in a ConfigMap beside the InferenceService (pipeline.kserve_deploy.record_name), and only once the
+the storageUri) in a ConfigMap beside the InferenceService (pipeline.kserve_deploy.record), and only once the
 new revision serves; the previous entry is kept for rollback. The gate reads the record back through the
 Kubernetes API before the next deploy, and trusts it only when it names the storageUri the InferenceService's
 spec names, or when a newer spec has not come to serve (then the recorded model still has the traffic). No
@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .kserve_deploy import (GROUP, PLURAL, RECORD_PREFIX, STORAGE_URI_KEY, VERSION, core_v1_api,
-                            custom_objects_api, read_record, record_name, rollout_state, served_storage_uri)
+from .kserve_deploy.api import GROUP, PLURAL, VERSION, core_v1_api, custom_objects_api
+from .kserve_deploy.record import RECORD_PREFIX, STORAGE_URI_KEY, read_record, record_name
+from .kserve_deploy.rollout import rollout_state, served_storage_uri
 
 #: Keys of a deploy record entry, written by deploy (after the rollout) and read by the gate.
 PREFIX = RECORD_PREFIX

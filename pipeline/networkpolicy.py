@@ -30,8 +30,8 @@ DEFAULT_MONITORING = "monitoring"
 DEFAULT_KNATIVE = "knative-serving"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-#: The ports an InferenceService the pipeline writes is served on (pipeline/kserve_deploy.py predictor_endpoint):
-#: the policy must open both to callers, or one protocol is unreachable in raw mode.
+#: The ports an InferenceService the pipeline writes is served on (pipeline/kserve_deploy/manifest.py
+#: predictor_endpoint): the policy must open both to callers, or one protocol is unreachable in raw mode.
 SERVING_PORTS = {"REST": KSERVE_GATEWAY_PORT, "gRPC": KSERVE_GRPC_PORT}
 
 

@@ -21,7 +21,7 @@ from serving.archive import MODEL_VERSION_PATTERN, MODEL_VERSION_RULE
 from training.data import SOURCE_FORMS, source_problem
 from training.config import INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES, QUANTIZE_CHOICES, TrainConfig
 
-from .kserve_deploy import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
+from .kserve_deploy.manifest import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
 
 DEPLOY_TARGETS = ("local", "kserve", "none")
 #: The quality gate's open-set minimums (pipeline.quality): the quick start's model clears them (0.997 and 0.994), a

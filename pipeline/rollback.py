@@ -1,6 +1,6 @@
 """`python -m pipeline rollback --to VERSION`: serve a version the deploy record lists again.
 
-The record (pipeline.kserve_deploy.record_name, written by deploy once a revision serves) keeps the versions the
+The record (pipeline.kserve_deploy.record, written by deploy once a revision serves) keeps the versions the
 InferenceService served, each with its storageUri and the gate's fields. Rolling back patches the storageUri
 (and the version label) back, waits until the new revision serves the way deploy does, and only then makes
 that version the record's current one (the one it replaces becomes previous), so the next run's gate compares
@@ -18,9 +18,11 @@ from cli_common import positive_seconds
 from settings import MODEL_NAME
 
 from .gate import ANNOTATIONS
-from .kserve_deploy import (STORAGE_URI_KEY, KServeError, core_v1_api, custom_objects_api, own_namespace,
-                     read_inference_service, read_record, record_name, record_served, roll_out, rollout_state,
-                     served_storage_uri, service_name_for)
+from .kserve_deploy.api import core_v1_api, custom_objects_api, own_namespace, read_inference_service
+from .kserve_deploy.errors import KServeError
+from .kserve_deploy.manifest import service_name_for
+from .kserve_deploy.record import STORAGE_URI_KEY, read_record, record_name, record_served
+from .kserve_deploy.rollout import roll_out, rollout_state, served_storage_uri
 
 VERSION_KEY = ANNOTATIONS["model_version"]
 

@@ -124,7 +124,7 @@ def test_a_missing_claim_is_refused(cluster, archive, pvc):
 
 def test_a_claim_in_another_namespace_than_the_task_is_refused(cluster, archive, pvc, tmp_path, monkeypatch):
     (tmp_path / "namespace").write_text("kubeflow\n")
-    monkeypatch.setattr(kserve_deploy, "NAMESPACE_FILE", tmp_path / "namespace")
+    monkeypatch.setattr(kserve_deploy.api, "NAMESPACE_FILE", tmp_path / "namespace")
     with pytest.raises(KServeError, match=r"^pvc://models/embedding/1\.0: KServe mounts claim models from namespace "
                                           r"models but this task runs in kubeflow, where its claim is mounted"):
         deploy_version(archive, "1.0", 0.9)
@@ -181,7 +181,7 @@ def test_a_service_written_with_other_probe_handlers_is_patched_to_one_handler_e
 
     older = inference_service("embedding", "models", "pvc://models/embedding/1.0", "grpc-v2", "embedding", "1.0")
     older["spec"]["predictor"]["model"]["readinessProbe"] = {"tcpSocket": {"port": 8081}, "periodSeconds": 5}
-    api = CustomObjectsApi(kserve_deploy._api_client())
+    api = CustomObjectsApi(kserve_deploy.api_client())
     api.create_namespaced_custom_object(GROUP, VERSION, "models", PLURAL, older)
     deploy_version(archive, "2.0", 0.95, protocol="grpc-v2")
     model = cluster.isvc("models", "embedding")["spec"]["predictor"]["model"]

@@ -100,7 +100,7 @@ def test_without_a_service_or_a_record_it_refuses_on_one_line(cluster, capsys):
 def test_the_namespace_is_required_outside_a_pod(capsys, monkeypatch, tmp_path):
     from pipeline import kserve_deploy
 
-    monkeypatch.setattr(kserve_deploy, "NAMESPACE_FILE", tmp_path / "none")
+    monkeypatch.setattr(kserve_deploy.api, "NAMESPACE_FILE", tmp_path / "none")
     parser = argparse.ArgumentParser()
     rollback.add_arguments(parser)
     assert rollback.run(parser.parse_args(["--to", "1.0"])) == 1

@@ -23,8 +23,8 @@ def cluster(tmp_path, monkeypatch):
     with standin as url:
         monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", url, TOKEN)))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        monkeypatch.setattr(kserve_deploy, "NAMESPACE_FILE", tmp_path / "no-pod-namespace")
-        monkeypatch.setattr(kserve_deploy, "API_BACKOFF_S", 0.01)
+        monkeypatch.setattr(kserve_deploy.api, "NAMESPACE_FILE", tmp_path / "no-pod-namespace")
+        monkeypatch.setattr(kserve_deploy.api, "API_BACKOFF_S", 0.01)
         yield standin
 
 

@@ -14,7 +14,7 @@ Credentials come only from the environment, as each SDK reads it, never from arg
 
 - S3 (boto3): ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``, or ``AWS_SHARED_CREDENTIALS_FILE`` naming a
   mounted Secret's file, or the pod's IAM role; ``AWS_ENDPOINT_URL`` for MinIO and other S3 servers;
-  ``AWS_DEFAULT_REGION``; ``AWS_CA_BUNDLE``. The variables the pipeline's model upload (pipeline/kserve_deploy.py) uses.
+  ``AWS_DEFAULT_REGION``; ``AWS_CA_BUNDLE``. The variables the pipeline's model upload (pipeline/kserve_deploy/) uses.
 - GCS (google-cloud-storage): ``GOOGLE_APPLICATION_CREDENTIALS`` naming a mounted service-account key, or
   Workload Identity; ``STORAGE_EMULATOR_HOST`` points the client at an emulator.
 
