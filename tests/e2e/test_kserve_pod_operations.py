@@ -33,14 +33,17 @@ from serving.server import free_ports
 ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
 
-#: Appended to the copy's handler/search.py: every answer names the copy that produced it.
+#: Appended to the copy's handler/search.py: every answer names the copy that produced it, as its nearest_label
+#: (a field the answer's JSON carries, answered or not).
 PATCH = '''
+
+import dataclasses
 
 _IMAGE_ANSWER = GallerySearcher.answer
 
 
-def _answer_from_this_copy(self, distances, ids, score):
-    return {**_IMAGE_ANSWER(self, distances, ids, score), "handler_copy": "{marker}"}
+def _answer_from_this_copy(self, *args, **kwargs):
+    return dataclasses.replace(_IMAGE_ANSWER(self, *args, **kwargs), nearest_label="{marker}")
 
 
 GallerySearcher.answer = _answer_from_this_copy
@@ -191,7 +194,7 @@ def test_the_histogram_counts_what_callers_sent(predictor, pngs):
 # ------------------------------------------------------------------------------------- handler precedence
 @pytest.fixture(scope="module")
 def patched_mar(tiny_artifacts, tmp_path_factory) -> tuple[Path, str]:
-    """A .mar whose handler/search.py differs from the image's: every answer carries `handler_copy`."""
+    """A .mar whose handler/search.py differs from the image's: every answer's nearest_label is the marker."""
     marker = uuid.uuid4().hex
     work = tmp_path_factory.mktemp("patched-handler")
     copy = work / "handler"
@@ -212,7 +215,7 @@ def test_the_mars_own_handler_answers_not_the_images(images, patched_mar, pngs, 
     try:
         status, body = predict(url, key, pngs[:3])
         assert status == 200, body
-        assert [answer.get("handler_copy") for answer in body["predictions"]] == [marker] * 3, body
+        assert [answer.get("nearest_label") for answer in body["predictions"]] == [marker] * 3, body
         image_copy = container.exec_python("import handler.search, inspect; "
                                            "print('_answer_from_this_copy' in inspect.getsource(handler.search))")
         assert image_copy.strip() == "False"  # the image's own handler/ is unchanged: the .mar's one answered
