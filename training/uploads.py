@@ -17,6 +17,10 @@ charts                    matplotlib figures (line, bar, scatter, pie, histogram
 documents                 paragraphs of text in Liberation and FreeFont faces, as screenshots and scans
 photos                    scikit-learn's two sample photos, matplotlib's sample photos and MRI slice, crops
 textures                  close crops of those photos and of matplotlib's terrain elevation models, shaded
+scene-crops               crops of 4-25% of those photos and elevation models at phone-photo sizes: an edge,
+                          a petal, a sleeve, the scale where a photo path can take an edge or a blob for a digit
+generated-textures        wood, marble, woven cloth, brick, gravel, cloud and grass made here (numpy), tinted,
+                          lit unevenly and photographed (noise, JPEG)
 qr-codes                  QR and Micro QR codes made with segno
 letters                   single letters no digit resembles (:data:`DIGIT_LIKE` left out), Liberation/FreeFont
 words                     English words in Liberation and FreeFont faces
@@ -431,6 +435,81 @@ def _textures(rng: np.random.Generator, n: int) -> Iterator[Upload]:
         yield Upload("textures", f"{paths[k].name} close crop {crop.width}x{crop.height} {fmt}", data)
 
 
+def _scene_crops(rng: np.random.Generator, n: int) -> Iterator[Upload]:
+    paths = photo_files()[:4] + elevation_files()
+    images = [_load_photo(p) for p in paths[:4]] + [_shaded_elevation(p) for p in paths[4:]]
+    for i in range(n):
+        k = i % len(paths)
+        crop = _crop(rng, images[k], 0.04, 0.25)
+        data, fmt = _photo_upload(rng, crop, int(rng.choice([320, 480, 640, 800, 1024])))
+        yield Upload("scene-crops", f"{paths[k].name} crop {crop.width}x{crop.height} {fmt}", data)
+
+
+TEXTURE_KINDS = ("wood", "marble", "weave", "bricks", "gravel", "clouds", "grass")
+
+
+def _smooth_noise(rng: np.random.Generator, side: int, cell: int) -> np.ndarray:
+    coarse = rng.random((side // cell + 3, side // cell + 3)).astype(np.float32)
+    return np.asarray(Image.fromarray(coarse, "F").resize((side + 3 * cell, side + 3 * cell),
+                                                         Image.Resampling.BICUBIC))[cell:cell + side, cell:cell + side]
+
+
+def _texture(rng: np.random.Generator, kind: str, side: int) -> np.ndarray:
+    """A side x side texture of one of TEXTURE_KINDS, 0..1."""
+    yy, xx = np.mgrid[0:side, 0:side].astype(np.float32) / side
+    turbulence = sum(_smooth_noise(rng, side, max(2, side // f)) / f for f in (4, 8, 16, 32))
+    if kind == "wood":
+        cx, cy = rng.uniform(-1, 2, 2)
+        texture = np.sin(2 * np.pi * (np.hypot(xx - cx, (yy - cy) * 0.2) * rng.uniform(8, 20) + 1.5 * turbulence))
+    elif kind == "marble":
+        texture = np.sin(2 * np.pi * (xx * rng.uniform(2, 6) + yy * rng.uniform(0, 3)) + 6 * turbulence)
+    elif kind == "weave":
+        f = rng.uniform(12, 40)
+        over = np.sign(np.sin(np.pi * xx * f)) * np.sign(np.sin(np.pi * yy * f))
+        texture = np.where(over > 0, np.sin(np.pi * xx * f * 2), np.sin(np.pi * yy * f * 2)) + 0.5 * turbulence
+    elif kind == "bricks":
+        rows, f = rng.uniform(6, 16), rng.uniform(3, 8)
+        row = np.floor(yy * rows)
+        u = xx * f + 0.5 * (row % 2)
+        mortar = (np.abs(yy * rows - np.round(yy * rows)) < 0.06) | (np.abs(u - np.round(u)) < 0.04)
+        tone = _smooth_noise(rng, side, max(2, side // 12))
+        texture = np.where(mortar, 1.0, -0.6 + 0.4 * tone) + 0.2 * turbulence
+    elif kind == "gravel":
+        from scipy import ndimage
+
+        seeds = np.zeros((side, side), bool)
+        count = int(side * side / rng.uniform(60, 300))
+        seeds[rng.integers(0, side, count), rng.integers(0, side, count)] = True
+        distance = ndimage.distance_transform_edt(~seeds)
+        texture = -distance / max(float(distance.max()), 1.0) + 0.3 * turbulence
+    elif kind == "clouds":
+        texture = turbulence
+    else:  # grass: many short blades, leaning one way
+        picture = Image.new("F", (side, side), 0.0)
+        draw = ImageDraw.Draw(picture)
+        lean = rng.uniform(-0.3, 0.3)
+        for x, y, length in zip(rng.uniform(0, side, 1500), rng.uniform(0, side, 1500), rng.uniform(6, 30, 1500)):
+            draw.line([(x, y), (x + lean * length + rng.normal(0, 2), y - length)], fill=float(rng.uniform(0.3, 1)),
+                      width=int(rng.integers(1, 3)))
+        texture = np.asarray(picture) + 0.3 * turbulence
+    texture = np.asarray(texture, np.float32)
+    return (texture - texture.min()) / max(float(np.ptp(texture)), 1e-6)
+
+
+def _generated_textures(rng: np.random.Generator, n: int) -> Iterator[Upload]:
+    for i in range(n):
+        kind = TEXTURE_KINDS[i % len(TEXTURE_KINDS)]
+        side = int(rng.choice([256, 384, 512]))
+        t = _texture(rng, kind, side)[..., None]
+        dark, light = np.array(_colour(rng, light=False)), np.array(_colour(rng, light=True))
+        rgb = dark * (1 - t) + light * t
+        ramp = 1 + rng.uniform(-0.25, 0.25) * np.linspace(-1, 1, side, dtype=np.float32)[None, :, None]
+        rgb = rgb * ramp + rng.normal(0, rng.uniform(1, 6), (side, side, 1))
+        image = Image.fromarray(rgb.clip(0, 255).astype(np.uint8), "RGB")
+        data, fmt = _photo_upload(rng, image, int(rng.choice([320, 480, 640, 800])))
+        yield Upload("generated-textures", f"{kind} texture {side}px {fmt}", data)
+
+
 # --- QR codes -------------------------------------------------------------------------------------------------
 
 QR_TEXTS = ("https://example.org/menu", "https://example.com/tickets/check-in", "WIFI:T:WPA;S:guest;P:welcome;;",
@@ -457,7 +536,7 @@ def _qr_codes(rng: np.random.Generator, n: int) -> Iterator[Upload]:
         yield Upload("qr-codes", f"segno {'micro ' if micro else ''}QR {code.designator} {fmt}", data, text)
 
 
-#: Category -> (builder, items). About 1,300 items in all.
+#: Category -> (builder, items). About 1,450 items in all.
 CATEGORIES: dict[str, tuple[Builder, int]] = {
     "icons": (_colour_icons, 200),
     "symbolic-icons": (_symbolic_icons, 150),
@@ -467,6 +546,8 @@ CATEGORIES: dict[str, tuple[Builder, int]] = {
     "documents": (_documents, 80),
     "photos": (_photos, 100),
     "textures": (_textures, 90),
+    "scene-crops": (_scene_crops, 100),
+    "generated-textures": (_generated_textures, 84),
     "qr-codes": (_qr_codes, 64),
     "letters": (_letters, 120),
     "words": (_words, 120),

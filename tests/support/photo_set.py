@@ -45,19 +45,27 @@ class ExamItem:
     shadow: bool
     quality: int  # JPEG quality, 0 for PNG
     digit_height: float  # digit's height over the frame's height
+    #: :func:`phone_exam`'s conditions: the scene (SCENES, or "classic" for :func:`photo_exam`'s recipe), how the
+    #: sheet lies when its edge is in the frame (GEOMETRIES, else "full") and what shows beyond it (BEYOND, else
+    #: "none"), and whether the digit is handwritten (a held-out MNIST digit) or printed in an unseen font.
+    scene: str = "classic"
+    geometry: str = "full"
+    beyond: str = "none"
+    source: str = "handwriting"
 
 
 def _digit_sheet(digit: np.ndarray, sheet: tuple[int, int], rng: np.random.Generator, ink: str, paper: str,
-                 height_share: float, room: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+                 height_share: float, room: float = 0.9, turn: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """The sheet (H, W, 3) float32 with the digit printed on it (ink height = height_share of the sheet), and the
-    ink's coverage (H, W). The digit's box lies in the central `room` share of the sheet."""
+    ink's coverage (H, W). The digit's box lies in the central `room` share of the sheet, turned by up to 12 degrees
+    plus ``turn``."""
     width, height = sheet
     tone = np.array(PAPER_TONES[paper], np.float32)
     grain = rng.normal(0, 2.0, (height, width)).astype(np.float32)
     rgb = np.broadcast_to(tone, (height, width, 3)) + grain[..., None]
     side = max(12, int(height_share * height * 28 / 20))  # MNIST digits fill 20 of 28 pixels
     stroke = Image.fromarray(np.asarray(digit, np.uint8)).resize((side, side), Image.Resampling.BICUBIC)
-    stroke = stroke.rotate(float(rng.uniform(-12, 12)), resample=Image.Resampling.BICUBIC)
+    stroke = stroke.rotate(float(rng.uniform(-12, 12)) + turn, resample=Image.Resampling.BICUBIC)
     alpha = np.asarray(stroke, np.float32) / 255.0
     if ink == "pencil":
         alpha = alpha * rng.uniform(0.55, 0.85) * (1 + rng.normal(0, 0.15, alpha.shape)).clip(0.5, 1.3)
@@ -195,6 +203,185 @@ def scanned(digit: np.ndarray, rng: np.random.Generator) -> tuple[bytes, dict]:
         "kind": "scan", "ink": str(ink), "table": "none", "shadow": False, "quality": quality, "digit_height": share}
 
 
+# --- sheets that do not fill the frame, shadow boundaries (the phone exam) --------------------------------------
+
+#: The phone exam's scenes: the sheet's edge in the frame, a shadow's boundary across the sheet, both.
+SCENES = ("edge", "shadow", "edge+shadow")
+#: How a sheet whose edge is in the frame lies: turned 15-40 degrees (corners in the frame), or shifted so that one
+#: or two of its edges cross the frame.
+GEOMETRIES = ("rotated", "offset")
+#: What shows beyond the sheet's edge.
+BEYOND = ("desk", "second sheet")
+#: Printed digits come from the faces of the uploads exam, which training never reads (it prints DejaVu).
+FONT_DIRS = ("/usr/share/fonts/truetype/liberation", "/usr/share/fonts/truetype/freefont")
+
+
+def font_digit(label: int, font_path: str, rng: np.random.Generator, side: int = 112) -> np.ndarray:
+    """A printed digit as a light-on-black square (uint8, side x side) framed like MNIST: its height about 20/28
+    of the side, regular or drawn bolder (a stroke of up to 4% of the side)."""
+    from PIL import ImageFont
+
+    image = Image.new("L", (side, side), 0)
+    font = ImageFont.truetype(font_path, int(side * 0.95))
+    stroke = int(rng.choice([0, 0, 1, 2, 4]))
+    draw = ImageDraw.Draw(image)
+    box = draw.textbbox((0, 0), str(label), font=font, anchor="lt", stroke_width=stroke)
+    scale = (side * 20 / 28) / max(box[3] - box[1], 1)
+    font = ImageFont.truetype(font_path, max(8, int(side * 0.95 * scale)))
+    draw.text((side / 2, side / 2), str(label), font=font, fill=255, anchor="mm", stroke_width=stroke, stroke_fill=255)
+    return np.asarray(image)
+
+
+def _desk(size: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """A desk (H, W, 3): one of TABLES' tones, with wood grain or a mottled, low-frequency texture."""
+    width, height = size
+    tone = np.array(TABLES[str(rng.choice(list(TABLES)))], np.float32) * rng.uniform(0.85, 1.1)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    if rng.random() < 0.5:
+        turn = rng.uniform(0, np.pi)
+        along = np.cos(turn) * xx + np.sin(turn) * yy
+        across = -np.sin(turn) * xx + np.cos(turn) * yy
+        texture = 12 * np.sin(across / rng.uniform(3, 9) + 2 * np.sin(along / 90))
+    else:
+        coarse = rng.normal(0, 1, (height // 32 + 2, width // 32 + 2)).astype(np.float32)
+        texture = 10 * np.asarray(Image.fromarray(coarse, "F").resize((width, height), Image.Resampling.BICUBIC))
+    return tone + texture[..., None].astype(np.float32)
+
+
+def _turn(geometry: str, rng: np.random.Generator) -> float:
+    """How far a sheet lying this way is turned in the frame, degrees."""
+    return float({"rotated": rng.choice([-1, 1]) * rng.uniform(15, 40), "offset": rng.uniform(-8, 8),
+                  "full": rng.uniform(-4, 4)}[geometry])
+
+
+def _placement(size: tuple[int, int], sheet_size: tuple[int, int], geometry: str, rng: np.random.Generator,
+               turn: float | None = None) -> np.ndarray:
+    """Where the sheet's four corners land in the frame (a little perspective on top of the turn and shift)."""
+    width, height = size
+    sw, sh = sheet_size
+    turn = _turn(geometry, rng) if turn is None else turn
+    centre = np.array([width / 2, height / 2]) + rng.uniform(-0.08, 0.08, 2) * [width, height]
+    if geometry == "offset":  # push the sheet off one or two sides of the frame
+        shift = rng.uniform(0.25, 0.45, 2) * [width, height] * rng.choice([-1, 1], 2)
+        centre = centre + shift * ([1, 0] if rng.random() < 0.4 else [0, 1] if rng.random() < 0.5 else [1, 1])
+    corners = np.array([[-sw / 2, -sh / 2], [sw / 2, -sh / 2], [sw / 2, sh / 2], [-sw / 2, sh / 2]])
+    rotation = np.array([[np.cos(np.deg2rad(turn)), -np.sin(np.deg2rad(turn))],
+                         [np.sin(np.deg2rad(turn)), np.cos(np.deg2rad(turn))]])
+    return corners @ rotation.T + centre + rng.uniform(-0.05, 0.05, (4, 2)) * [sw, sh]
+
+
+def _warp(plane: np.ndarray, size: tuple[int, int], corners: np.ndarray) -> np.ndarray:
+    """A float plane of a sheet, put in the frame with its corners at ``corners`` (zero outside)."""
+    h, w = plane.shape
+    src = np.array([[0, 0], [w, 0], [w, h], [0, h]], np.float64)
+    return np.asarray(Image.fromarray(np.ascontiguousarray(plane, np.float32), "F").transform(
+        size, Image.Transform.PERSPECTIVE, _perspective_coefficients(src, corners), Image.Resampling.BILINEAR),
+        np.float32)
+
+
+def _shadow_boundary(size: tuple[int, int], rng: np.random.Generator, through: tuple[float, float]) -> np.ndarray:
+    """Multiplicative light (H, W) of a shadow whose boundary crosses the frame through ``through``: a straight or
+    gently bent line with a penumbra of 0.2-1.5% of the width, the shaded side 20-55% darker."""
+    width, height = size
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    turn = rng.uniform(0, 2 * np.pi)
+    along = (xx - through[0]) * -np.sin(turn) + (yy - through[1]) * np.cos(turn)
+    across = (xx - through[0]) * np.cos(turn) + (yy - through[1]) * np.sin(turn)
+    across = across + rng.uniform(-0.6, 0.6) * along ** 2 / max(width, height)  # bent, as a hand's or a lamp's
+    penumbra = rng.uniform(0.002, 0.015) * width
+    shade = 0.5 * (1 + np.tanh(across / penumbra))
+    return (1 - rng.uniform(0.2, 0.55) * shade).astype(np.float32)
+
+
+def _sheet_scene(glyph: np.ndarray, rng: np.random.Generator, scene: str
+                 ) -> tuple[np.ndarray, tuple[int, int], dict] | None:
+    """The digit's sheet photographed with its edge (a desk or a second sheet beyond) and/or a shadow's boundary
+    in the frame; None when the digit leaves the frame or the sheet's edge does not show."""
+    size = PHOTO_SIZES[rng.integers(len(PHOTO_SIZES))]
+    size = size[::-1] if rng.random() < 0.3 else size
+    width, height = size
+    ink, paper = str(rng.choice(list(INKS))), str(rng.choice(list(PAPER_TONES)))
+    share = float(rng.uniform(0.12, 0.55))
+    edge = scene != "shadow"
+    geometry = str(rng.choice(GEOMETRIES)) if edge else "full"
+    beyond = str(rng.choice(BEYOND)) if edge else "none"
+    scale = {"full": 1.3, "rotated": rng.uniform(0.75, 1.05), "offset": 1.2}[geometry]
+    sheet_size = (int(width * scale), int(height * scale))
+    # The sheet lies turned, but the digit was written, or the phone held, upright to the camera: turned back.
+    turn = _turn(geometry, rng)
+    sheet, coverage = _digit_sheet(glyph, sheet_size, rng, ink, paper, share / scale, room=0.8, turn=turn)
+    corners = _placement(size, sheet_size, geometry, rng, turn)
+    inside = _warp(np.ones(sheet_size[::-1], np.float32), size, corners)[..., None]
+    ink_seen = _warp(coverage, size, corners)
+    margin = max(2, int(0.02 * min(width, height)))
+    cut = max(ink_seen[:margin].max(), ink_seen[-margin:].max(), ink_seen[:, :margin].max(),
+              ink_seen[:, -margin:].max())
+    shown = float(inside.mean())
+    if cut > 0.02 or ink_seen.sum() < 0.4 * coverage.sum() or (edge and not 0.35 < shown < 0.93):
+        return None
+    backdrop = _desk(size, rng)
+    if beyond == "second sheet":  # another sheet under this one, turned its own way, on the desk
+        other = np.array(PAPER_TONES[str(rng.choice(list(PAPER_TONES)))], np.float32) * rng.uniform(0.8, 1.02)
+        grain = rng.normal(0, 2.0, (height, width, 1)).astype(np.float32)
+        under = _warp(np.ones((height, width), np.float32), size,
+                      _placement(size, (int(width * 1.3), int(height * 1.3)), "offset", rng))[..., None]
+        backdrop = backdrop * (1 - under) + (other + grain) * under
+    if edge and rng.random() < 0.5:  # the sheet's own thin shadow on what lies beyond its edge
+        rim = np.asarray(Image.fromarray((inside[..., 0] * 255).astype(np.uint8)).filter(ImageFilter.GaussianBlur(
+            rng.uniform(2, 6))), np.float32)[..., None] / 255
+        backdrop = backdrop * (1 - rng.uniform(0.1, 0.3) * rim)
+    warped = np.stack([_warp(sheet[..., c], size, corners) for c in range(3)], -1)
+    rgb = warped * inside + backdrop * (1 - inside)
+    if scene != "edge":
+        ys, xs = np.nonzero(ink_seen > 0.3)
+        pick = int(rng.integers(len(ys))) if len(ys) and rng.random() < 0.5 else None
+        through = (float(xs[pick]), float(ys[pick])) if pick is not None else tuple(rng.uniform(0.2, 0.8, 2) * size)
+        rgb = rgb * _shadow_boundary(size, rng, through)[..., None]
+    return rgb, size, {"kind": "photo", "ink": ink, "table": "none" if not edge else beyond, "digit_height": share,
+                       "scene": scene, "geometry": geometry, "beyond": beyond}
+
+
+def sheet_photographed(glyph: np.ndarray, rng: np.random.Generator, scene: str) -> tuple[bytes, dict]:
+    """:func:`_sheet_scene` with the camera of :func:`photographed` (light, colour cast, blur, noise, JPEG)."""
+    while True:
+        framed = _sheet_scene(glyph, rng, scene)
+        if framed is not None:
+            break
+    rgb, size, conditions = framed
+    width, height = size
+    rgb = rgb * _lighting(size, rng, shadow=False)[..., None]
+    rgb = rgb * np.array([rng.uniform(0.88, 1.05), 1.0, rng.uniform(0.85, 1.1)], np.float32)
+    blurred = Image.fromarray(rgb.clip(0, 255).astype(np.uint8), "RGB").filter(
+        ImageFilter.GaussianBlur(rng.uniform(0, 0.0025) * width))
+    rgb = np.asarray(blurred, np.float32) + rng.normal(0, rng.uniform(1.5, 6), (height, width, 1)).astype(np.float32)
+    quality = int(rng.integers(50, 96))
+    return _encode(rgb, rng, quality, gray=False), {**conditions, "shadow": conditions["scene"] != "edge",
+                                                    "quality": quality}
+
+
+def phone_exam(digits: np.ndarray, labels: np.ndarray, seed: int = 0) -> list[ExamItem]:
+    """The photo exam as phones take it: one upload per held-out digit (28x28 uint8, light on black), in order.
+    Two in five follow :func:`photo_exam`'s recipe ("classic": photos and scans); the others are one of SCENES in
+    equal shares. Half the items show the held-out handwritten digit, half the same digit printed in a face of
+    FONT_DIRS (regular or bold)."""
+    from pathlib import Path
+
+    fonts = sorted(str(p) for d in FONT_DIRS for p in Path(d).glob("*.ttf"))
+    assert len(fonts) >= 20, "fonts-liberation or fonts-freefont-ttf is missing (scripts/system-deps.sh installs them)"
+    rng = np.random.default_rng([seed, 40])
+    items = []
+    for digit, label in zip(digits, labels):
+        printed = rng.random() < 0.5
+        glyph = font_digit(int(label), fonts[int(rng.integers(len(fonts)))], rng) if printed else digit
+        draw = rng.random()
+        if draw < 0.4:
+            body, conditions = (scanned if draw < 0.1 else photographed)(glyph, rng)
+        else:
+            body, conditions = sheet_photographed(glyph, rng, SCENES[min(2, int((draw - 0.4) / 0.2))])
+        items.append(ExamItem(body, int(label), **conditions, source="font" if printed else "handwriting"))
+    return items
+
+
 def photo_exam(digits: np.ndarray, labels: np.ndarray, seed: int = 0, scan_share: float = 0.25) -> list[ExamItem]:
     """One photographed or scanned upload per held-out digit (28x28 uint8, light on black), in order."""
     rng = np.random.default_rng(seed)
@@ -203,6 +390,15 @@ def photo_exam(digits: np.ndarray, labels: np.ndarray, seed: int = 0, scan_share
         body, conditions = (scanned if rng.random() < scan_share else photographed)(digit, rng)
         items.append(ExamItem(body, int(label), **conditions))
     return items
+
+
+def conditions(item: ExamItem) -> list[str]:
+    """The conditions an item of :func:`phone_exam` is reported under (docs/photos.md), "all" first."""
+    keys = ["all", f"scene={item.scene}" + (f" {item.kind}" if item.scene == "classic" else ""),
+            f"source={item.source}", f"ink={item.ink}", f"digit_height<0.15={item.digit_height < 0.15}"]
+    if "edge" in item.scene:
+        keys += [f"sheet={item.geometry}", f"beyond={item.beyond}"]
+    return keys
 
 
 def contact_sheet(items: list[ExamItem], tile: int = 160) -> Image.Image:
@@ -234,10 +430,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="PNG to write")
     p.add_argument("--n", type=positive_int, default=16, help="items")
     p.add_argument("--seed", type=int, default=0, help="exam seed")
+    p.add_argument("--exam", choices=("photo", "phone"), default="photo", help="photo_exam or phone_exam")
     args = p.parse_args(argv)
     held_out = load_dataset("mnist-sample")
     pick = np.linspace(0, len(held_out.test_images) - 1, args.n).astype(int)
-    contact_sheet(photo_exam(held_out.test_images[pick], held_out.test_labels[pick], args.seed)).save(Path(args.out))
+    exam = photo_exam if args.exam == "photo" else phone_exam
+    contact_sheet(exam(held_out.test_images[pick], held_out.test_labels[pick], args.seed)).save(Path(args.out))
     return 0
 
 
