@@ -5,6 +5,8 @@
   divided out and their digit found among paper edges, shadows and table first (handler/photo.py, ``photo.V2``).
 - Version 3 (:func:`to_canvas_v3`): the same, with the frame padded, sheet outlines dropped and MNIST's tone
   (``photo.V3``).
+- Version 4 (:func:`to_canvas_v4`): the paper and the light on it found first (handler/paper.py), so that what lies
+  beyond the sheet's edge and a shadow's boundary never reads as ink, then the digit as the ink on it (``photo.V4``).
 
 A clean picture (MNIST, a drawing, a rendered digit) gets version 1's canvas in every version. Each version also
 has a ``counted`` form: from one grayscale array, the canvas and whether several digits stand side by side.
@@ -64,3 +66,13 @@ def counted_v3(gray: np.ndarray) -> tuple[np.ndarray, bool]:
     """Version 3's canvas and whether several digits stand side by side."""
     return photo_path(gray, photo.V3, count=True)
 
+
+def to_canvas_v4(image: ImageInput, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Version 4 of the digits canvas: version 3 with every pixel read against the light on its own surface
+    (:data:`photo.V4`); clean pictures still get version 1's canvas."""
+    return photo_path(gray_array(image, max_pixels), photo.V4)[0]
+
+
+def counted_v4(gray: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Version 4's canvas and whether several digits stand side by side."""
+    return photo_path(gray, photo.V4, count=True)

@@ -27,12 +27,23 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage
 
+from .paper import paper_is_light, surface_light
+
 #: Images are analysed at most this many pixels on their longer side (the digit ends up 20 pixels high).
 WORK_SIDE = 512
 #: The paper estimate's window, as a share of the longer side: wider than the strokes of a digit as large as 60% of
 #: the frame. A wider window keeps bolder strokes but fills more of a table's edge and a shadow's corner with "ink";
 #: redoing the estimate with a window three times wider for bold digits lost more than it won (docs/photos.md).
 WINDOW_SHARE = 0.1
+#: Version 4's surface light (handler/paper.py) removes strokes narrower than this share of the longer side: it keeps
+#: a desk's corner and a shadow whole, so it can be wider than WINDOW_SHARE and keep bold strokes too.
+SURFACE_SHARE = 0.2
+#: Version 4: a surface whose light is under this share of the lit paper's is not paper (a desk beyond the sheet);
+#: paper in the deepest shadow keeps about half its light.
+PAPER_LIGHT = 0.4
+#: Version 4: a digit is ink standing alone on its paper; other ink within a digit's size around it weighing more
+#: than this share of the digit's makes the canvas blank (a scene or a texture, not a digit on paper).
+CLUTTER = 1.0
 #: A picture whose most common level covers this share of its pixels has a flat background (version 1's path).
 FLAT_SHARE = 0.5
 #: Frames no larger than this on both sides keep version 1's path whatever their background: no phone or scanner
@@ -77,10 +88,14 @@ class Recipe:
     drop_outlines: bool
     #: Give the canvas MNIST's saturated stroke core (:func:`mnist_tone`).
     mnist_tone: bool
+    #: Read each pixel against the light on its own surface (handler/paper.py): a sheet's edge or a shadow's
+    #: boundary never reads as ink.
+    surfaces: bool = False
 
 
 V2 = Recipe(pad_frame=False, drop_outlines=False, mnist_tone=False)
 V3 = Recipe(pad_frame=True, drop_outlines=True, mnist_tone=True)
+V4 = Recipe(pad_frame=True, drop_outlines=True, mnist_tone=True, surfaces=True)
 
 
 def _work_image(gray: np.ndarray) -> np.ndarray:
@@ -155,9 +170,10 @@ def window(shape: tuple[int, int]) -> int:
     return max(3, int(round(WINDOW_SHARE * max(shape))) | 1)
 
 
-def background(work: np.ndarray, light: bool, pad_frame: bool = True) -> np.ndarray:
+def background(work: np.ndarray, light: bool, pad_frame: bool = True, surfaces: bool = False) -> np.ndarray:
     """The background's brightness at every pixel: a closing (light paper) or opening (dark board) of the lightly
-    smoothed image, which removes anything narrower than the window and keeps the edges of wider regions."""
+    smoothed image, which removes anything narrower than the window and keeps the edges of wider regions; with
+    ``surfaces`` no brighter (light paper) or darker (dark board) than the light on each pixel's own surface."""
     size = window(work.shape)
     if not pad_frame:
         smooth = ndimage.gaussian_filter(work, 1.0)
@@ -166,7 +182,10 @@ def background(work: np.ndarray, light: bool, pad_frame: bool = True) -> np.ndar
     # the frame narrower than the window is then as wide as the window and stays table instead of being filled with
     # paper (it read as ink there and joined a digit that came near that edge of the sheet).
     smooth = np.pad(ndimage.gaussian_filter(work, 1.0), size, mode="edge")
-    estimate = ndimage.grey_closing(smooth, size=size) if light else ndimage.grey_opening(smooth, size=size)
+    if surfaces:  # the light on each pixel's own surface, with a window wide enough for bold strokes
+        estimate = surface_light(smooth, int(round(SURFACE_SHARE * max(work.shape))), light)
+    else:
+        estimate = ndimage.grey_closing(smooth, size=size) if light else ndimage.grey_opening(smooth, size=size)
     return estimate[size:-size, size:-size]
 
 
@@ -186,15 +205,18 @@ def flat_background(gray: np.ndarray) -> bool:
     return bool(counts.max() >= FLAT_SHARE * gray.size)
 
 
-def ink_map(work: np.ndarray, pad_frame: bool = True) -> np.ndarray:
+def ink_map(work: np.ndarray, pad_frame: bool = True, surfaces: bool = False) -> np.ndarray:
     """How much darker (light paper) or brighter (dark board) than its own background each pixel is, 0..1."""
-    light = _light_background(work)
-    estimate = background(work, light, pad_frame)
+    light = _light_background(work) or (surfaces and paper_is_light(work, window(work.shape)))
+    estimate = background(work, light, pad_frame, surfaces)
     if light:
         # Relative to the paper under it, so a shadow does not weaken the ink; but never to less than half the
         # lit paper, or the noise of a dark table would be magnified into strokes.
-        floor = max(0.5 * float(np.percentile(estimate[::2, ::2], 95)), 1.0)
-        return np.clip((estimate - work) / np.maximum(estimate, floor), 0.0, 1.0)
+        lit = float(np.percentile(estimate[::2, ::2], 95))
+        ink = np.clip((estimate - work) / np.maximum(estimate, max(0.5 * lit, 1.0)), 0.0, 1.0)
+        if surfaces:  # what lies on a surface far darker than the lit paper is beyond the sheet: a desk
+            ink[estimate < PAPER_LIGHT * lit] = 0.0
+        return ink
     top = max(float(work.max() - estimate.min()), 1e-6)
     return np.clip((work - estimate) / top, 0.0, 1.0)
 
@@ -208,7 +230,8 @@ def digit_ink(gray: np.ndarray, recipe: Recipe = V3) -> np.ndarray | None:
 def find_digit(gray: np.ndarray, recipe: Recipe = V3, count: bool = False) -> tuple[np.ndarray | None, bool]:
     """:func:`digit_ink`'s crop and, with ``count``, whether several digits stand side by side (:func:`several`)
     among the marks it chose from (the same ink map: no second pass over the photo)."""
-    return _find_digit(ink_map(_work_image(gray), recipe.pad_frame), recipe.drop_outlines, count)
+    return _find_digit(ink_map(_work_image(gray), recipe.pad_frame, recipe.surfaces), recipe.drop_outlines, count,
+                       recipe.surfaces)
 
 
 def _without_outlines(candidates: np.ndarray, boxes: list, area: np.ndarray) -> np.ndarray:
@@ -229,10 +252,11 @@ def _without_outlines(candidates: np.ndarray, boxes: list, area: np.ndarray) -> 
     return kept if kept.size else candidates
 
 
-def _find_digit(ink: np.ndarray, drop_outlines: bool = True, count: bool = False
+def _find_digit(ink: np.ndarray, drop_outlines: bool = True, count: bool = False, on_paper: bool = False
                 ) -> tuple[np.ndarray | None, bool]:
-    """From an ink map: the digit's ink crop (0..1), None without ink; and with ``count`` whether the candidate
-    marks hold several digits side by side."""
+    """From an ink map: the digit's ink crop (0..1), None without ink (or, with ``on_paper``, when the digit does
+    not stand alone on its paper); and with ``count`` whether the candidate marks hold several digits side by
+    side."""
     smooth = ndimage.gaussian_filter(ink, 0.8)
     peak = float(smooth.max())
     sample = smooth[::3, ::3]  # the paper's level and noise in the ink map: median and median absolute deviation
@@ -256,13 +280,27 @@ def _find_digit(ink: np.ndarray, drop_outlines: bool = True, count: bool = False
     if drop_outlines:
         candidates = _without_outlines(candidates, boxes, ndimage.sum_labels(np.ones_like(smooth), labels, index))
     crowded = count and several([boxes[i] for i in candidates], mass[candidates])
-    return _digit_crop(ink, labels, candidates, mass, boxes, paper + 3.0 * noise, drop_outlines), crowded
+    keep, box = _digit_parts(candidates, mass, boxes, drop_outlines)
+    if on_paper and not crowded and _cluttered(keep, box, mass, boxes):
+        return None, False
+    return _digit_crop(ink, labels, keep, box, paper + 3.0 * noise), crowded
 
 
-def _digit_crop(ink: np.ndarray, labels: np.ndarray, candidates: np.ndarray, mass: np.ndarray, boxes: list,
-                floor: float, drop_outlines: bool) -> np.ndarray:
-    """The heaviest candidate with the fragments close to it, as a 0..1 crop of the ink."""
-    h, w = labels.shape
+def _cluttered(keep: set[int], box: tuple[int, int, int, int], mass: np.ndarray, boxes: list) -> bool:
+    """Whether ink other than the digit's, within a digit's size around it, outweighs CLUTTER times the digit: a
+    digit on paper stands alone on it; a "digit" found in a scene or a texture has its like all around."""
+    top, bottom, left, right = box
+    side = max(bottom - top, right - left)
+    around = [i for i, (rows, cols) in enumerate(boxes) if i not in keep
+              and rows.start < bottom + side and rows.stop > top - side and cols.start < right + side
+              and cols.stop > left - side]
+    return float(mass[around].sum()) > CLUTTER * float(mass[sorted(keep)].sum())
+
+
+def _digit_parts(candidates: np.ndarray, mass: np.ndarray, boxes: list, drop_outlines: bool
+                 ) -> tuple[set[int], tuple[int, int, int, int]]:
+    """The heaviest candidate with the fragments close to it: their indices and their box (top, bottom, left,
+    right)."""
     main = int(candidates[np.argmax(mass[candidates])])
     top, bottom = boxes[main][0].start, boxes[main][0].stop
     left, right = boxes[main][1].start, boxes[main][1].stop
@@ -284,6 +322,14 @@ def _digit_crop(ink: np.ndarray, labels: np.ndarray, candidates: np.ndarray, mas
                 top, bottom = min(top, rows.start), max(bottom, rows.stop)
                 left, right = min(left, cols.start), max(right, cols.stop)
                 grown = True
+    return keep, (top, bottom, left, right)
+
+
+def _digit_crop(ink: np.ndarray, labels: np.ndarray, keep: set[int], box: tuple[int, int, int, int],
+                floor: float) -> np.ndarray:
+    """The ink of the digit's parts (``keep``, within ``box``) and of their soft edges, as a 0..1 crop."""
+    h, w = labels.shape
+    top, bottom, left, right = box
     mask = np.isin(labels[top:bottom, left:right], np.array(sorted(keep)) + 1)
     edge = np.count_nonzero(mask & ~ndimage.binary_erosion(mask, border_value=0))
     width = 2.0 * np.count_nonzero(mask) / max(edge, 1)  # a stroke of width w and length L: area wL, outline 2L

@@ -30,7 +30,7 @@ import numpy as np
 from .canvas import BOX, CANVAS, INK_THRESHOLD
 from .decoding import (DEFAULT_MAX_PIXELS, FORMATS, ImageInput, ImageTooLargeError, InvalidImageError, decode_image,
                        gray_array)
-from .digits import to_canvas, to_canvas_v2, to_canvas_v3
+from .digits import to_canvas, to_canvas_v2, to_canvas_v3, to_canvas_v4
 from .profiles import (DATASET_PROFILES, ENTRIES, MEAN, PROFILES, REGISTRY, SERVED, STD, Profile, ProfileEntry,
                        ProfileError, profile_of, to_full_frame)
 
@@ -38,10 +38,10 @@ __all__ = ["BOX", "CANVAS", "DATASET_PROFILES", "DEFAULT_MAX_PIXELS", "DIGITS", 
            "FORMATS", "FULL_FRAME", "INK_THRESHOLD", "ImageInput", "ImageTooLargeError", "InvalidImageError", "MEAN",
            "PREPROCESSING_VERSION", "PROFILES", "Profile", "ProfileEntry", "ProfileError", "REGISTRY", "SERVED", "STD",
            "canvases_from_arrays", "decode_image", "gray_array", "is_blank", "normalize", "preprocess", "profile_of",
-           "to_canvas", "to_canvas_v2", "to_canvas_v3", "to_full_frame"]
+           "to_canvas", "to_canvas_v2", "to_canvas_v3", "to_canvas_v4", "to_full_frame"]
 
-#: The digits profile new models are built with (version 3: the photo path with padded frame, outlines dropped
-#: and MNIST's tone). Photos and scans have their light removed and their digit found first (handler/photo.py).
+#: The digits profile new models are built with (version 4: the paper and its light found first, then the digit as
+#: the ink on it). Photos and scans have their light removed and their digit found first (handler/photo.py).
 DIGITS = PROFILES["digits"]
 #: The digits profile before the photo path, and the earlier photo paths, for models built with them.
 DIGITS_V1 = SERVED["digits", "1"]

@@ -21,7 +21,8 @@ import numpy as np
 
 from .canvas import BOX, CANVAS, full_frame
 from .decoding import DEFAULT_MAX_PIXELS, ImageInput, gray_array
-from .digits import counted_v1, counted_v2, counted_v3, to_canvas, to_canvas_v2, to_canvas_v3
+from .digits import (counted_v1, counted_v2, counted_v3, counted_v4, to_canvas, to_canvas_v2, to_canvas_v3,
+                     to_canvas_v4)
 
 #: Mean and std of MNIST training pixels scaled to 0..1 (the customary figures).
 MEAN = 0.1307
@@ -136,8 +137,8 @@ REGISTRY: tuple[ProfileEntry, ...] = (
     # symbol); their centred strokes are pooled. int8 keeps the held-out, open-set, photo and printed-digit figures
     # and serves faster (docs/decisions.md).
     ProfileEntry("digits", MEAN, STD, BOX,
-                 versions=(Version("3", to_canvas_v3, counted_v3), Version("2", to_canvas_v2, counted_v2),
-                           Version("1", to_canvas, counted_v1)),
+                 versions=(Version("4", to_canvas_v4, counted_v4), Version("3", to_canvas_v3, counted_v3),
+                           Version("2", to_canvas_v2, counted_v2), Version("1", to_canvas, counted_v1)),
                  training=TrainingDefaults(max_rotation=10.0, hflip=False, erase=0.0, pool="avg"),
                  quantize="int8"),
     # The whole frame kept, for centred pictures whose outline carries the class (Fashion-MNIST; its customary

@@ -4,20 +4,22 @@ never sees (tests/support/printed_fonts.py), and the photo exam: held-out digits
 photographed and scanned on paper (tests/support/photo_set.py).
 
 The photo exam's size and a file for its figures can be set: PHOTO_EXAM_N=1000 PHOTO_EXAM_OUT=photo.json
-(docs/photos.md reports the whole held-out split that way)."""
+(docs/photos.md reports the whole held-out split that way); so can the phone exam's (sheets that do not fill the
+frame, shadow boundaries, handwritten and printed digits): PHONE_EXAM_N=1000 PHONE_EXAM_OUT=phone.json."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from handler.answer import Answer
 from serving.samples import held_out_digits, user_digit_png
-from support.photo_set import photo_exam
+from support.photo_set import conditions, phone_exam, photo_exam
 from support.printed_fonts import printed_digits
 from support.torchserve import serving_client
 from training.data import load_dataset
@@ -30,6 +32,14 @@ PRINTED_TARGET = 0.98
 #: yet: docs/photos.md has the figures and what fails.
 PHOTO_CORRECT_FLOOR = 0.94
 PHOTO_UNKNOWN_CEILING = 0.06
+#: The phone exam's 200 uploads through the served endpoint: floors of the share read right and ceilings of the
+#: share flagged unknown, overall and in each scene, a margin below what version 4 reaches there (96.0% and 4.0%
+#: overall; its weakest scene, edge+shadow, 92.9% and 9.5%) and above version 3 (91.5% and 7.0%; shadow 82.5%
+#: and 15.0%). The issue's target (97% and 2% in each scene) is missed: docs/photos.md has the figures.
+PHONE_CORRECT_FLOOR = 0.94
+PHONE_UNKNOWN_CEILING = 0.06
+PHONE_SCENE_CORRECT_FLOOR = 0.90
+PHONE_SCENE_UNKNOWN_CEILING = 0.12
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +95,43 @@ def test_photographed_and_scanned_digits_through_the_served_endpoint(product_cli
             json.dump(figures, f, indent=2)
     record_property("photo_exam", figures)
     assert correct.mean() >= PHOTO_CORRECT_FLOOR and unknown.mean() <= PHOTO_UNKNOWN_CEILING, json.dumps(figures)
+
+
+def test_phone_photos_with_a_sheet_edge_or_a_shadow_boundary_through_the_served_endpoint(product_client,
+                                                                                         record_property):
+    """The phone exam (tests/support/photo_set.py): sheets that do not fill the frame, shadow boundaries across the
+    sheet, both, and the classic photos and scans, with held-out handwriting and unseen printed faces. Figures per
+    condition, so a regression shows where it is."""
+    n = int(os.environ.get("PHONE_EXAM_N", "200"))
+    held_out = load_dataset("mnist-sample")
+    pick = np.linspace(0, len(held_out.test_images) - 1, n).astype(int)
+    items = phone_exam(held_out.test_images[pick], held_out.test_labels[pick], seed=0)
+    answers: list = [None] * n
+    for index, answer in product_client.predict_many([item.body for item in items], concurrency=4):
+        answers[index] = answer
+    failed = [a for a in answers if isinstance(a, Exception)]
+    assert not failed, failed[:3]
+    by_condition: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    for item, answer in zip(items, answers):
+        for key in conditions(item):
+            by_condition[key].append((Answer.from_json(answer).nearest_label == str(item.label), bool(answer["unknown"])))
+    figures = {k: {"n": len(v), "right": float(np.mean([r for r, _ in v])), "unknown": float(np.mean([u for _, u in v]))}
+               for k, v in sorted(by_condition.items())}
+    misses = [i for i, (item, a) in enumerate(zip(items, answers))
+              if a["unknown"] or Answer.from_json(a).nearest_label != str(item.label)]
+    if os.environ.get("PHONE_EXAM_OUT"):
+        with open(os.environ["PHONE_EXAM_OUT"], "w") as f:
+            json.dump({"by_condition": figures, "misses": misses}, f, indent=2)
+    if os.environ.get("PHONE_EXAM_MISSES"):  # DIR/<label>/: the misses as `training report --images DIR` reads them
+        for i in misses:
+            folder = Path(os.environ["PHONE_EXAM_MISSES"]) / str(items[i].label)
+            folder.mkdir(parents=True, exist_ok=True)
+            kind = "png" if items[i].body.startswith(b"\x89PNG") else "jpg"
+            (folder / f"{i:04d}-{items[i].scene.replace('+', '-')}-{items[i].source}.{kind}").write_bytes(items[i].body)
+    record_property("phone_exam", figures)
+    scenes = {k: (round(v["right"], 3), round(v["unknown"], 3)) for k, v in figures.items()
+              if k == "all" or k.startswith("scene=")}
+    assert figures["all"]["right"] >= PHONE_CORRECT_FLOOR and figures["all"]["unknown"] <= PHONE_UNKNOWN_CEILING, (
+        json.dumps(scenes))
+    assert all(v["right"] >= PHONE_SCENE_CORRECT_FLOOR and v["unknown"] <= PHONE_SCENE_UNKNOWN_CEILING
+               for k, v in figures.items() if k.startswith("scene=")), json.dumps(scenes)

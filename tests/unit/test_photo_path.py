@@ -1,6 +1,6 @@
-"""Digits preprocessing versions 2 and 3: photos and scans have their light removed and their digit found
+"""Digits preprocessing versions 2, 3 and 4: photos and scans have their light removed and their digit found
 (handler/photo.py); clean pictures keep version 1's canvas bit for bit; models keep the version they were built
-with (version 2 frozen as it was)."""
+with (versions 2 and 3 frozen as they were). Version 4's own cases: tests/unit/test_photo_surfaces.py."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ from handler.preprocessing import (
     DIGITS,
     DIGITS_V1,
     DIGITS_V2,
+    DIGITS_V3,
     SERVED,
     is_blank,
     profile_of,
     to_canvas,
     to_canvas_v2,
     to_canvas_v3,
+    to_canvas_v4,
 )
 from training.data import load_dataset
 
@@ -65,9 +67,11 @@ def test_clean_pictures_keep_version_1_bit_for_bit(sample):
     drawn.save(buf, "PNG")
     assert np.array_equal(to_canvas_v2(buf.getvalue()), to_canvas(buf.getvalue()))
     assert np.array_equal(to_canvas_v3(buf.getvalue()), to_canvas(buf.getvalue()))
+    assert np.array_equal(to_canvas_v4(buf.getvalue()), to_canvas(buf.getvalue()))
 
 
-PHOTO_VERSIONS = pytest.mark.parametrize("photo_canvas", [to_canvas_v2, to_canvas_v3], ids=["v2", "v3"])
+PHOTO_VERSIONS = pytest.mark.parametrize("photo_canvas", [to_canvas_v2, to_canvas_v3, to_canvas_v4],
+                                         ids=["v2", "v3", "v4"])
 
 
 @PHOTO_VERSIONS
@@ -144,13 +148,27 @@ def test_version_2_is_frozen_for_the_models_built_with_it(sample):
     assert digest.hexdigest() == "c4570b8977f1bd33a62f6f12a02a0bf74261136c2cb4ebe016f193aa80416d3c"
 
 
+def test_version_3_is_frozen_for_the_models_built_with_it(sample):
+    """Version 4 changed the photo path; version 3 models keep its canvases. The digest is of the canvases the
+    version 3 code gave before version 4 existed (commit eeb8a49), on photos with a table beside the sheet and a
+    shadow across it."""
+    digest = hashlib.sha256()
+    for i, index in enumerate((3, 7, 11)):
+        scene = on_paper(sample.test_images[index], ramp=20 + 10 * i, seed=i)
+        scene[:, :40 + 10 * i] = 70
+        scene[300:, :] *= 0.7
+        digest.update(to_canvas_v3(jpeg(scene)).tobytes())
+    assert digest.hexdigest() == "9e6c401bab1c9bdd615597c54fcce1a15cd3743b473e8d40e4f3fa15e8721511"
+
+
 def test_models_are_served_with_their_version_and_unknown_versions_refused():
     assert profile_of({"preprocessing": {"profile": "digits", "version": "1"}}) is DIGITS_V1
     assert profile_of({"preprocessing": {"profile": "digits", "version": "2"}}) is DIGITS_V2
+    assert profile_of({"preprocessing": {"profile": "digits", "version": "3"}}) is DIGITS_V3
     assert profile_of({"preprocessing": DIGITS.record()}) is DIGITS
-    assert DIGITS.version == "3" and DIGITS.canvas is to_canvas_v3 and ("digits", "1") in SERVED
-    with pytest.raises(ValueError, match="digits preprocessing version '4'.*'3', '2', '1'"):
-        profile_of({"preprocessing": {"profile": "digits", "version": "4"}})
+    assert DIGITS.version == "4" and DIGITS.canvas is to_canvas_v4 and ("digits", "1") in SERVED
+    with pytest.raises(ValueError, match="digits preprocessing version '5'.*'4', '3', '2', '1'"):
+        profile_of({"preprocessing": {"profile": "digits", "version": "5"}})
 
 
 def test_dataset_sized_frames_keep_version_1_whatever_their_background():
@@ -160,3 +178,4 @@ def test_dataset_sized_frames_keep_version_1_whatever_their_background():
     shirt[2:26, 3:25] = rng.integers(60, 256, (24, 22))
     assert np.array_equal(to_canvas_v2(shirt), to_canvas(shirt))
     assert np.array_equal(to_canvas_v3(shirt), to_canvas(shirt))
+    assert np.array_equal(to_canvas_v4(shirt), to_canvas(shirt))
