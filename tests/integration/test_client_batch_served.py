@@ -47,7 +47,7 @@ def test_predict_a_nested_folder_as_csv_in_batches(torchserve, nested, tmp_path)
                              "--no-progress"], capture_output=True, text=True, cwd=tmp_path, timeout=180,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     assert result.returncode == 5, result.stderr
-    assert result.stdout.splitlines()[0] == "image,pred,dist,confidence,unknown,neighbours,error,status"
+    assert result.stdout.splitlines()[0] == "image,pred,dist,confidence,unknown,reason,nearest_label,neighbours,error,status"
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     names = [Path(row["image"]).relative_to(root).as_posix() for row in rows]
     assert names == sorted(files, key=lambda name: name.split("/"))
