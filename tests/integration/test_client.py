@@ -122,6 +122,12 @@ def test_rest_and_grpc_refuse_an_image_with_the_same_message(clients):
     assert messages[0] == messages[1]
 
 
+def _without_server_records(case: str, tmp_path: Path) -> dict[str, str]:
+    """For "no token": an empty state directory, so the client cannot find the test server's key file through its
+    record (torchserve_api.instances), as for a server no command of the project started."""
+    return {"XDG_STATE_HOME": str(tmp_path / "no-state")} if case == "no token" else {}
+
+
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "client", *args], capture_output=True, text=True, cwd=cwd,
@@ -211,7 +217,7 @@ def test_cli_errors_are_one_line_with_their_exit_code(torchserve, model_store, i
         "register another version": ["register", "--mar", str(model_store / "embedding.mar"), "--model-version", "2.0",
                                      "--url", ends.management, *keys],
     }[case]
-    result = run_cli(*args, cwd=tmp_path)
+    result = run_cli(*args, cwd=tmp_path, env=_without_server_records(case, tmp_path))
     assert result.returncode == code, (result.stdout, result.stderr)
     assert result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
@@ -282,7 +288,7 @@ def test_cli_embed_failure_is_one_line_and_writes_nothing(torchserve, image_fold
     images = {"missing file": [str(tmp_path / "nope.png")], "no token": [str(image_folder)]}[case]
     keys = [] if case == "no token" else ["--key-file", str(torchserve.key_file)]
     result = run_cli("embed", *images, "--out", str(work / "e.npy"), "--url", torchserve.endpoints.inference, *keys,
-                     "--no-progress", cwd=tmp_path)
+                     "--no-progress", cwd=tmp_path, env=_without_server_records(case, tmp_path))
     assert result.returncode == code, (result.stdout, result.stderr)
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("client: error: ") and message in line
