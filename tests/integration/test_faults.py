@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from serving.archive import mar_name
 from serving.server import private_instance, start, stop
 from support.hostile import OCTET, multipart, post, ready_pids, wait_for_workers
 from serving.samples import user_digit_png
@@ -29,7 +30,7 @@ from PIL import Image
 
 from handler.artifacts import INDEX_FILE, LABELS_FILE, MODEL_FILE, sha256_file, verify_artifacts
 from handler.service import EmbeddingService
-from settings import CONFIG_FILE, REPO, read_properties
+from settings import CONFIG_FILE, MODEL_NAME, REPO, read_properties
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
 CONCURRENCY = 4
@@ -82,6 +83,11 @@ def digits(prepared_sample, tiny_artifacts) -> list[tuple[bytes, str]]:
 # --- ./archive.sh interrupted: the store keeps its previous archive, which then serves ------------------------
 
 
+#: What the interrupted ./archive.sh --model-version 9.9 writes, and the store it writes into.
+TARGET = mar_name(MODEL_NAME, "9.9")
+STORE = sorted(["embedding.mar", TARGET])
+
+
 @dataclass
 class ArchiveRun:
     store: Path
@@ -92,12 +98,14 @@ class ArchiveRun:
 
     @property
     def mar(self) -> Path:
-        return self.store / "embedding.mar"
+        """The archive the interrupted build replaces: `--model-version 9.9` names it (serving.archive.mar_name)."""
+        return self.store / TARGET
 
 
 def interrupt_archive(tiny_artifacts: Path, model_store: Path, store: Path, sig: signal.Signals) -> ArchiveRun:
     """./archive.sh into a store that holds a good .mar; `sig` to its process group while it builds."""
     shutil.copytree(model_store, store)
+    shutil.copy2(store / "embedding.mar", store / TARGET)  # an earlier build under the name the build writes
     before = stored_files(store)
     proc = subprocess.Popen([str(REPO / "archive.sh"), "--no-train", "--artifacts", str(tiny_artifacts),
                              "--export-path", str(store), "--model-version", "9.9"], env=ENV, stdout=subprocess.PIPE,
@@ -124,7 +132,7 @@ def killed_archive(tiny_artifacts, model_store, tmp_path_factory) -> ArchiveRun:
 def test_archive_sigkill_leaves_a_complete_mar_and_nothing_visible(killed_archive, tmp_path, record_property):
     run = killed_archive
     record_property("interrupt", f"SIGKILL after {run.delay:.2f}s: rc {run.returncode}")
-    assert visible(run.store) == ["embedding.mar"], f"partial files visible (seed {SEED})"
+    assert visible(run.store) == STORE, f"partial files visible (seed {SEED})"
     version = mar_version(run.mar, tmp_path)
     if run.returncode == -signal.SIGKILL and stored_files(run.store) == run.before:
         assert version == "1.0", f"seed {SEED}"
@@ -136,7 +144,7 @@ def test_archive_sigkill_leaves_a_complete_mar_and_nothing_visible(killed_archiv
 def test_archive_sigint_leaves_the_previous_mar_and_cleans_up(tiny_artifacts, model_store, tmp_path, record_property):
     run = interrupt_archive(tiny_artifacts, model_store, tmp_path / "store", signal.SIGINT)
     record_property("interrupt", f"SIGINT after {run.delay:.2f}s: rc {run.returncode}")
-    assert visible(run.store) == ["embedding.mar"] and hidden(run.store) == [], f"seed {SEED}"
+    assert visible(run.store) == STORE and hidden(run.store) == [], f"seed {SEED}"
     version = mar_version(run.mar, tmp_path / "unpacked")
     if run.returncode == 130 and stored_files(run.store) == run.before:
         assert "archive: interrupted; model store left as it was" in run.stderr and version == "1.0"
@@ -152,7 +160,7 @@ def fault_server(killed_archive, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("fault-ts")
     instance = private_instance(workdir, **private_tmp(workdir))
     try:
-        start(instance, killed_archive.store, timeout=120)
+        start(instance, killed_archive.store, models=f"{MODEL_NAME}={TARGET}", timeout=120)
         yield instance
     finally:
         stop(instance)
