@@ -47,7 +47,8 @@ def auth_error(token: Token, where: str) -> AuthError:
     elsewhere = f"; its keys are in {keys}" if keys and keys != token.source else ""
     if token.expired():
         return AuthError(f"{where} refused the token from {token.source}: it expired at "
-                         f"{token.expires:%Y-%m-%d %H:%M:%S} UTC (restart TorchServe for fresh keys{elsewhere})",
+                         f"{token.expires:%Y-%m-%d %H:%M:%S} UTC (python -m client rotate-token inference, or "
+                         f"management, gives a fresh key{elsewhere})",
                          "expired")
     return AuthError(f"{where} refused the token from {token.source}: wrong or expired (tokens expire after "
                      "60 min; the management API needs the management key, inference the inference key"

@@ -136,7 +136,8 @@ def embed(model: torch.nn.Module, inputs: np.ndarray | torch.Tensor, batch_size:
 
 def knn_accuracy(train_emb: np.ndarray, train_labels: np.ndarray, test_emb: np.ndarray, test_labels: np.ndarray, k: int) -> float:
     searcher = GallerySearcher(build_index(train_emb), [str(v) for v in train_labels], k=k)
-    preds = np.array([int(a["pred"]) for a in searcher.classify(test_emb)])
+    # The vote's label: this searcher has no open-set threshold, and closed-set accuracy counts every vote.
+    preds = np.array([-1 if a.nearest_label is None else int(a.nearest_label) for a in searcher.classify(test_emb)])
     return float((preds == test_labels).mean())
 
 
