@@ -38,7 +38,7 @@ from .layout import (CONFIG_PATH, INFERENCE_PORT, METRICS_PORT, MODEL_STORE_MOUN
 from .manifest import (API_KEY_ENV, DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, GRPC_PROTOCOL, LIVE_PATH, PREDICTOR_CPU,
                        PREDICTOR_MEMORY, PROTOCOLS, READY_PATH, inference_service, predictor_endpoint,
                        service_name_for)
-from .publish import CLUSTER_SCHEMES, local_path, publish, versioned
+from .publish import CLUSTER_SCHEMES, local_path, publish, storage_uri, versioned
 from .record import (RECORD_HISTORY, RECORD_PREFIX, STORAGE_URI_KEY, Record, read_record, record_name, record_served,
                      write_record)
 from .rollout import (MODE_ANNOTATION, apply, deployment_state, is_raw, roll_out, rollout_state, served_storage_uri,
@@ -57,7 +57,7 @@ __all__ = ["API_ATTEMPTS", "API_BACKOFF_S", "API_KEY_ENV", "CLUSTER_SCHEMES", "C
            "local_path", "model_snapshot", "own_namespace", "predictor_endpoint", "publish",
            "read_inference_service", "read_record", "record_name", "record_served", "resolve_namespace", "roll_out",
            "rollout_state", "runtime_properties", "served_storage_uri", "service_name_for", "stage_layout",
-           "versioned", "wait_ready", "write_record"]
+           "storage_uri", "versioned", "wait_ready", "write_record"]
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_r
     if not Path(mar).is_file():
         raise KServeError(f"{mar}: model archive not found")
     location = versioned(target.storage_uri, version)
-    model_uri = versioned(target.model_uri, version) if target.model_uri else location
+    model_uri = storage_uri(versioned(target.model_uri, version) if target.model_uri else location)
     scheme = urlsplit(model_uri).scheme
     if not dry_run and scheme not in CLUSTER_SCHEMES:
         raise KServeError(f"{model_uri}: the cluster cannot read a local path; use s3://, gs:// or "

@@ -3,10 +3,14 @@ dry run, a local directory."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import shutil
 import uuid
+import zipfile
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
 from cli_common import UsageError
@@ -20,6 +24,30 @@ CLUSTER_SCHEMES = ("s3", "gs", "pvc")
 
 def versioned(uri: str, version: str) -> str:
     return f"{uri.rstrip('/')}/{version}"
+
+
+def storage_uri(location: str) -> str:
+    """The storageUri that names exactly the version folder at ``location``. KServe's storage initializer lists an
+    s3:// location by its bare prefix (``Prefix=<path>``, 0.13.1 and 0.15.2), so ``.../1`` would also download
+    ``.../10/``: a trailing ``/`` makes the prefix the folder. gs:// adds it itself; pvc:// mounts a sub-path."""
+    return f"{location.rstrip('/')}/" if urlsplit(location).scheme == "s3" else location
+
+
+def _refuse_another(location: str, theirs: bytes, ours: str) -> bool:
+    """Whether the version's stored .mar (``theirs``) is this run's (nothing to write: True) or an upload cut short
+    (not a whole zip: write it again, False); another whole archive is refused before any write (KServeError)."""
+    if _sha256(theirs) == ours:
+        return True
+    if not zipfile.is_zipfile(io.BytesIO(theirs)):
+        return False
+    version = location.rstrip("/").rsplit("/", 1)[-1]
+    raise KServeError(f"{location}: version {version} is already published there with another .mar (sha256 "
+                      f"{_sha256(theirs)[:12]}, this run's {ours[:12]}); a published version is never replaced, so "
+                      "running pods and new ones serve the same model: give this one a new model_version")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def local_path(location: str) -> Path | None:
@@ -41,7 +69,9 @@ def local_path(location: str) -> Path | None:
 
 
 def publish(staging: Path, location: str) -> None:
-    """Copy the staged layout to s3://, gs://, pvc:// (a mounted claim) or a local directory, replacing that version.
+    """Copy the staged layout to s3://, gs://, pvc:// (a mounted claim) or a local directory. A version whose .mar is
+    already there is left as it is when it is the same archive and refused (KServeError) when it is another one;
+    a version folder without its .mar (an upload that failed before the .mar, which goes last) is written again.
 
     Credentials come only from the environment, as the cloud SDKs define it (AWS_ACCESS_KEY_ID /
     AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL or an IAM role; GOOGLE_APPLICATION_CREDENTIALS or Workload
@@ -51,9 +81,14 @@ def publish(staging: Path, location: str) -> None:
     if parts.scheme not in ("", "file", *CLUSTER_SCHEMES):
         raise KServeError(f"cannot write to {parts.scheme}:// storage: use s3://, gs://, pvc://<claim>/<path> "
                           "or (for development) a local directory")
+    mars = sorted(staging.glob("model-store/*.mar"))
+    ours = _sha256(mars[0].read_bytes()) if mars else None
     local = local_path(location)
     if local is not None:
         local = local.resolve()
+        existing = local / "model-store" / mars[0].name if mars else None
+        if existing is not None and existing.is_file() and _refuse_another(location, existing.read_bytes(), ours):
+            return
         try:  # a version folder holds exactly what staging holds: replace nothing else
             replaceable_dir(local, "kserve-version", "kserve_storage_uri", known=[p.name for p in staging.iterdir()])
         except UsageError as exc:
@@ -69,13 +104,15 @@ def publish(staging: Path, location: str) -> None:
     # The .mar last: a reader that finds it finds the whole version.
     files.sort(key=lambda p: p.suffix == ".mar")
     keys = [f"{parts.path.strip('/')}/{p.relative_to(staging).as_posix()}".lstrip("/") for p in files]
+    held = next((key for key in keys if key.endswith(".mar")), None) if ours else None
     if parts.scheme == "gs":
-        _upload_gcs(parts.netloc, files, keys)
+        _upload_gcs(parts.netloc, files, keys, lambda theirs: _refuse_another(location, theirs, ours), held)
     else:
-        _upload_s3(parts.netloc, files, keys)
+        _upload_s3(parts.netloc, files, keys, lambda theirs: _refuse_another(location, theirs, ours), held)
 
 
-def _upload_gcs(bucket_name: str, files: list[Path], keys: list[str]) -> None:
+def _upload_gcs(bucket_name: str, files: list[Path], keys: list[str], check: Callable[[bytes], bool],
+                held: str | None) -> None:
     try:
         from google.cloud import storage
     except ImportError:
@@ -85,6 +122,8 @@ def _upload_gcs(bucket_name: str, files: list[Path], keys: list[str]) -> None:
 
     try:
         bucket = storage.Client().bucket(bucket_name)
+        if held is not None and bucket.blob(held).exists() and check(bucket.blob(held).download_as_bytes()):
+            return
         for path, key in zip(files, keys, strict=True):
             bucket.blob(key).upload_from_filename(str(path))
     except google.auth.exceptions.DefaultCredentialsError as exc:
@@ -93,7 +132,8 @@ def _upload_gcs(bucket_name: str, files: list[Path], keys: list[str]) -> None:
         raise KServeError(f"gs://{bucket_name}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
 
 
-def _upload_s3(bucket_name: str, files: list[Path], keys: list[str]) -> None:
+def _upload_s3(bucket_name: str, files: list[Path], keys: list[str], check: Callable[[bytes], bool],
+               held: str | None) -> None:
     try:
         import boto3
         import botocore.exceptions
@@ -104,6 +144,9 @@ def _upload_s3(bucket_name: str, files: list[Path], keys: list[str]) -> None:
         # A fresh session: endpoint, region and credentials from the environment as it is now (AWS_* variables).
         client = boto3.session.Session().client("s3")
         client.head_bucket(Bucket=bucket_name)  # a missing bucket or permission fails before any upload
+        if (held is not None and client.list_objects_v2(Bucket=bucket_name, Prefix=held).get("KeyCount", 0)
+                and check(client.get_object(Bucket=bucket_name, Key=held)["Body"].read())):
+            return
         for path, key in zip(files, keys, strict=True):
             client.upload_file(str(path), bucket_name, key)
         for path, key in zip(files, keys, strict=True):  # what the store holds, before anything points at it

@@ -42,7 +42,66 @@ def published(model_store, s3):
 
 def test_s3_publish_writes_the_versioned_layout(published):
     uri = published.manifest["spec"]["predictor"]["model"]["storageUri"]
-    assert uri == "s3://models/embedding/1.0" and published.location == uri
+    assert uri == "s3://models/embedding/1.0/" and published.location == "s3://models/embedding/1.0"
+
+
+@pytest.fixture(scope="module")
+def versions_1_and_10(model_store, s3, tmp_path_factory):
+    """Versions 1 and 10 of another model name published side by side (10 with another archive)."""
+    other = tmp_path_factory.mktemp("other") / "embedding.mar"
+    other.write_bytes(_another_archive(model_store / "embedding.mar"))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for key, value in client_env(s3).items():
+            monkeypatch.setenv(key, value)
+        one = deploy(model_store / "embedding.mar", "embedding", "1",
+                     KServeTarget(namespace="models", storage_uri="s3://models/prefixes"), dry_run=True)
+        deploy(other, "embedding", "10", KServeTarget(namespace="models", storage_uri="s3://models/prefixes"),
+               dry_run=True)
+    return one
+
+
+def _another_archive(mar):
+    """The same archive with one more member: a whole .mar with another SHA-256."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO(mar.read_bytes())
+    with zipfile.ZipFile(buf, "a") as archive:
+        archive.writestr("NOTE.txt", "another build\n")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("release", VERSIONS, ids=[r.version for r in VERSIONS])
+def test_version_1_downloads_only_its_own_folder_beside_version_10(release, versions_1_and_10, s3, tmp_path):
+    """KServe lists s3:// by the bare prefix: storageUri .../1 would download .../10/ too, so it ends in '/'."""
+    uri = versions_1_and_10.manifest["spec"]["predictor"]["model"]["storageUri"]
+    assert uri == "s3://models/prefixes/1/"
+    out = tmp_path / "mnt-models"
+    out.mkdir()
+    result = download(release, uri, out, release_env(release, s3))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert files(out) == LAYOUT
+
+
+def test_a_published_version_is_never_replaced(model_store, s3, versions_1_and_10, monkeypatch, tmp_path):
+    """Publishing the same .mar again writes nothing; another .mar under a published version is refused before any
+    write, so the pods that run and the ones that start later serve the same model."""
+    import boto3
+
+    for key, value in client_env(s3).items():
+        monkeypatch.setenv(key, value)
+    target = KServeTarget(namespace="models", storage_uri="s3://models/prefixes")
+    store = boto3.session.Session().client("s3")
+    before = {o["Key"]: o["ETag"] for o in store.list_objects_v2(Bucket="models", Prefix="prefixes/")["Contents"]}
+    deploy(model_store / "embedding.mar", "embedding", "1", target, dry_run=True)  # the same archive: a no-op
+    other = tmp_path / "embedding.mar"
+    other.write_bytes(_another_archive(model_store / "embedding.mar"))
+    with pytest.raises(KServeError, match=r"^s3://models/prefixes/1: version 1 is already published there with "
+                                          r"another \.mar \(sha256 [0-9a-f]{12}, this run's [0-9a-f]{12}\); a "
+                                          r"published version is never replaced"):
+        deploy(other, "embedding", "1", target, dry_run=True)
+    after = {o["Key"]: o["ETag"] for o in store.list_objects_v2(Bucket="models", Prefix="prefixes/")["Contents"]}
+    assert after == before
 
 
 @pytest.mark.parametrize("release", VERSIONS, ids=[r.version for r in VERSIONS])
@@ -128,6 +187,21 @@ def test_pvc_uri_writes_into_the_mounted_claim(model_store, tmp_path, monkeypatc
                     KServeTarget(namespace="models", storage_uri="pvc://model-claim/embedding"), dry_run=True)
     assert result.manifest["spec"]["predictor"]["model"]["storageUri"] == "pvc://model-claim/embedding/2.0"
     assert files(mount) == [f"embedding/2.0/{f}" for f in LAYOUT]
+
+
+def test_a_published_version_on_a_claim_is_never_replaced(model_store, tmp_path, monkeypatch):
+    mount = tmp_path / "pvc"
+    mount.mkdir()
+    monkeypatch.setenv("PVC_MOUNT_PATH", str(mount))
+    target = KServeTarget(namespace="models", storage_uri="pvc://model-claim/embedding")
+    deploy(model_store / "embedding.mar", "embedding", "2.0", target, dry_run=True)
+    published = {f: (mount / f).read_bytes() for f in files(mount)}
+    deploy(model_store / "embedding.mar", "embedding", "2.0", target, dry_run=True)  # the same archive: a no-op
+    other = tmp_path / "embedding.mar"
+    other.write_bytes(_another_archive(model_store / "embedding.mar"))
+    with pytest.raises(KServeError, match=r"^pvc://model-claim/embedding/2\.0: version 2\.0 is already published"):
+        deploy(other, "embedding", "2.0", target, dry_run=True)
+    assert {f: (mount / f).read_bytes() for f in files(mount)} == published
 
 
 def test_manifest_holds_no_secret_value(model_store, s3, monkeypatch):

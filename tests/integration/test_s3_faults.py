@@ -70,7 +70,7 @@ def test_a_failed_upload_ends_on_one_line_and_points_nothing_at_the_version(faul
     deploy_1(archive)  # the rerun completes
     assert isvc_writes(cluster) == ["POST"]
     served = cluster.isvc("models", "embedding")["spec"]["predictor"]["model"]["storageUri"]
-    assert served == "s3://models/embedding/1.0"
+    assert served == "s3://models/embedding/1.0/"  # the folder, not every key it prefixes
     assert store(s3).get_object(Bucket="models", Key=MAR_KEY)["Body"].read() == archive.read_bytes()
 
 
