@@ -262,7 +262,7 @@ def test_archive_and_kserve_publish_to_s3(container_run, s3):
     uri = f"s3://{BUCKET}/{PREFIX}/{version}"
     manifest = json.loads(deploy["manifest"].path.read_text())
     assert manifest["kind"] == "InferenceService" and manifest["metadata"]["namespace"] == "models"
-    assert manifest["spec"]["predictor"]["model"]["storageUri"] == uri
+    assert manifest["spec"]["predictor"]["model"]["storageUri"] == f"{uri}/"  # the folder, not every key it prefixes
     assert deploy["manifest"].metadata["storage"] == uri and deploy["manifest"].metadata["applied"] is False
 
 

@@ -523,7 +523,7 @@ def test_kserve_rolls_forward_by_patching_the_same_service(mar, tmp_path):
     second = deploy(mar, "embedding", "2.0", target, api=cluster)
     assert cluster.calls == ["get", "create", "get", "get", "get", "patch", "get", "get"]
     served = cluster.objects["embedding"]
-    assert served["spec"]["predictor"]["model"]["storageUri"] == "s3://models/embedding/2.0"
+    assert served["spec"]["predictor"]["model"]["storageUri"] == "s3://models/embedding/2.0/"
     assert served["status"]["components"]["predictor"]["latestReadyRevision"] == "embedding-predictor-00002"
     assert first.url == second.url == "http://embedding.example.com"
     assert _files(tmp_path / "store") == ["1.0/config/config.properties", "1.0/model-store/embedding.mar",
