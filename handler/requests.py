@@ -34,11 +34,6 @@ class RequestError(ValueError):
         self.status = status
 
 
-def error_answer(exc: Exception) -> dict[str, Any]:
-    """The one shape of a refusal, in every protocol: ``{"error": message, "status": HTTP code}``."""
-    return {"error": str(exc), "status": int(getattr(exc, "status", 400))}
-
-
 def decode_base64(text: str, what: str = '"data"') -> bytes:
     """Image bytes from base64 text (a data: URI prefix and line breaks allowed)."""
     if text.startswith("data:") and "," in text:  # a data URI: data:image/png;base64,....

@@ -63,6 +63,23 @@ def inference_target(path: str) -> tuple[str, str | None] | None:
     return None
 
 
+async def serve_metrics_page(page: Callable[[web.Request], Awaitable[web.Response]], host: str, port: int,
+                             what: str = "") -> web.AppRunner:
+    """Serve ``page`` at http://host:port/metrics; the runner to clean up. A port that cannot be bound is logged,
+    not raised: metrics never take inference down (the scrape failing pages instead)."""
+    app = web.Application()
+    app.add_routes([web.get("/metrics", page)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+    except OSError as exc:
+        logger.error("cannot serve metrics on %s:%d: %s", host, port, exc)
+        return runner
+    logger.info("metrics on %s:%d/metrics %s", host, port, what)
+    return runner
+
+
 @dataclass
 class GatewayMetrics:
     """The histogram of one served model, and the /metrics site that serves it beside TorchServe's page."""
@@ -163,17 +180,8 @@ class GatewayMetrics:
 
     async def _start(self, _: web.Application) -> None:
         self._session = ClientSession(timeout=ClientTimeout(total=UPSTREAM_TIMEOUT_S))
-        app = web.Application()
-        app.add_routes([web.get("/metrics", self.page)])
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        try:
-            await web.TCPSite(self._runner, self.host, self.port, reuse_address=True).start()
-        except OSError as exc:  # metrics never take inference down; the scrape failing pages instead
-            logger.error("cannot serve metrics on %s:%d: %s", self.host, self.port, exc)
-            return
-        logger.info("metrics on %s:%d/metrics (request histogram + TorchServe %s)", self.host, self.port,
-                    self.torchserve_metrics)
+        self._runner = await serve_metrics_page(self.page, self.host, self.port,
+                                                f"(request histogram + TorchServe {self.torchserve_metrics})")
 
     async def _stop(self, _: web.Application) -> None:
         if self._runner is not None:

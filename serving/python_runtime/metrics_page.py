@@ -9,7 +9,6 @@ TorchServe, where the rules read a restart from that counter's reset.
 
 from __future__ import annotations
 
-import logging
 import math
 import socket
 from pathlib import Path
@@ -19,7 +18,8 @@ from aiohttp import web
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.samples import Sample
 
-logger = logging.getLogger("python_runtime")
+from serving.gateway_metrics import serve_metrics_page
+
 
 #: Counters whose exposed name keeps prometheus_client's ``_total`` (as TorchServe names them).
 TOTAL_NAMED = frozenset({"ts_inference_requests"})
@@ -80,16 +80,7 @@ class MetricsPage:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def start(self) -> None:
-        app = web.Application()
-        app.add_routes([web.get("/metrics", self.page)])
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        try:
-            await web.TCPSite(self._runner, self.host, self.port, reuse_address=True).start()
-        except OSError as exc:  # metrics never take inference down; the scrape failing pages instead
-            logger.error("cannot serve metrics on %s:%d: %s", self.host, self.port, exc)
-            return
-        logger.info("metrics on %s:%d/metrics", self.host, self.port)
+        self._runner = await serve_metrics_page(self.page, self.host, self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:
