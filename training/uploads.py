@@ -32,7 +32,6 @@ words                     English words in Liberation and FreeFont faces
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import io
 import textwrap
@@ -43,6 +42,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+from .exam_drawing import (SENTENCES, TEXTURE_KINDS, WORDS, draw_chart, flatten, load_photo, random_crop,
+                           shaded_elevation, texture)
 
 ICON_DIRS = (Path("/usr/share/icons/Adwaita"), Path("/usr/share/icons/hicolor"))
 GLYPHICONS = Path("/usr/share/fonts/truetype/glyphicons/glyphicons-halflings-regular.ttf")
@@ -60,25 +62,6 @@ PACKAGES = {ICON_DIRS[0]: "adwaita-icon-theme", ICON_DIRS[1]: "hicolor-icon-them
 #: Cyrillic look-alikes.
 DIGIT_LIKE = frozenset("0123456789OoQDIlijJ|!ZzSsbGTLBgqPpyYAhdЗзбЧчОоІіЬьΟοΙΒΖΤΑϹ")
 LETTERS = "CEFHKMNRUVWXacefkmnrtuvwxЖФШЩЮЯЛПИЦΣΔΛΞΠΓΨΦΩλμπψω"
-WORDS = ("invoice", "receipt", "hello", "welcome", "summary", "weather", "garden", "kitchen", "monday", "market",
-         "station", "museum", "planet", "orange", "yellow", "window", "camera", "picture", "letter", "number",
-         "forest", "river", "mountain", "coffee", "ticket", "account", "password", "address", "morning", "friday",
-         "Thanks", "Settings", "Download", "Cancel", "Search", "Remember", "Meeting", "Report", "Chapter", "Draft",
-         "Open", "Save as", "New folder", "Sign in", "Check out", "Next page", "Read more", "Contact us")
-SENTENCES = (
-    "The committee met on a cold morning to review the proposal for the new library wing.",
-    "Please find attached the minutes of the meeting and the revised schedule for the spring term.",
-    "Water boils at a lower temperature at high altitude because the air pressure is lower there.",
-    "Our records show that the order was shipped last week and should reach you within a few days.",
-    "She opened the window, and the smell of rain and cut grass filled the small kitchen.",
-    "Terms and conditions apply to every purchase made through the online store.",
-    "The museum is closed on public holidays; guided tours leave from the main entrance.",
-    "Add the flour slowly, stirring all the time, until the sauce thickens and turns glossy.",
-    "This chapter describes how the survey was designed and how the answers were collected.",
-    "If you have any questions about your account, reply to this message or call our office.",
-    "The river runs through the old town before it widens into the estuary near the harbour.",
-    "Remember to bring a warm jacket, sturdy shoes and something to eat for the afternoon walk.",
-)
 
 Builder = Callable[[np.random.Generator, int], Iterator["Upload"]]
 
@@ -116,12 +99,6 @@ def _encode(image: Image.Image, fmt: str, quality: int = 90) -> bytes:
     return buf.getvalue()
 
 
-def _flatten(image: Image.Image, background: tuple[int, int, int]) -> Image.Image:
-    rgba = image.convert("RGBA")
-    flat = Image.new("RGBA", rgba.size, background + (255,))
-    return Image.alpha_composite(flat, rgba).convert("RGB")
-
-
 def _colour(rng: np.random.Generator, light: bool) -> tuple[int, int, int]:
     low, high = (200, 256) if light else (0, 90)
     return tuple(int(v) for v in rng.integers(low, high, 3))
@@ -132,7 +109,7 @@ def _screenshot(rng: np.random.Generator, image: Image.Image) -> tuple[bytes, st
     background = _colour(rng, light=rng.random() < 0.75)
     margin = int(rng.integers(2, max(3, image.width // 2)))
     scale = float(rng.choice([1.0, 1.0, 1.5, 2.0, 3.0]))
-    flat = _flatten(image, background)
+    flat = flatten(image, background)
     canvas = Image.new("RGB", (flat.width + 2 * margin, flat.height + 2 * margin), background)
     canvas.paste(flat, (margin, margin))
     if scale != 1.0:
@@ -315,43 +292,15 @@ CHART_FAMILIES = ("Liberation Sans", "Liberation Serif", "FreeSans", "FreeSerif"
 
 
 def _charts(rng: np.random.Generator, n: int) -> Iterator[Upload]:
-    from matplotlib import font_manager, rc_context
-    from matplotlib.figure import Figure
+    from matplotlib import font_manager
 
     for path in text_fonts():
         font_manager.fontManager.addfont(str(path))
     for i in range(n):
         kind = CHART_KINDS[i % len(CHART_KINDS)]
         family = CHART_FAMILIES[int(rng.integers(len(CHART_FAMILIES)))]
-        with rc_context({"font.family": family}):
-            size = (float(rng.uniform(3, 8)), float(rng.uniform(2.5, 5)))
-            fig = Figure(figsize=size, dpi=int(rng.choice([50, 72, 100])))
-            ax = fig.add_subplot()
-            x = np.arange(int(rng.integers(6, 40)))
-            if kind == "line":
-                for _ in range(int(rng.integers(1, 4))):
-                    ax.plot(x, np.cumsum(rng.normal(0, 1, len(x))), marker="o" if rng.random() < 0.3 else None)
-                ax.grid(rng.random() < 0.5)
-            elif kind == "bar":
-                ax.bar(x[:12], rng.uniform(1, 10, len(x[:12])), color=f"C{int(rng.integers(10))}")
-            elif kind == "scatter":
-                ax.scatter(rng.normal(0, 1, 200), rng.normal(0, 1, 200), s=8, c=rng.uniform(0, 1, 200))
-            elif kind == "pie":
-                wedges = int(rng.integers(3, 7))
-                ax.pie(rng.uniform(1, 5, wedges), labels=[WORDS[int(j)] for j in rng.choice(len(WORDS), wedges)])
-            elif kind == "hist":
-                ax.hist(rng.normal(0, 1, 500), bins=int(rng.integers(10, 40)))
-            elif kind == "heatmap":
-                fig.colorbar(ax.imshow(rng.normal(0, 1, (10, 14)).cumsum(axis=1), cmap="viridis"), ax=ax)
-            elif kind == "box":
-                ax.boxplot([rng.normal(m, 1, 50) for m in rng.uniform(0, 3, 4)])
-            else:
-                ax.stackplot(x, np.abs(rng.normal(1, 0.5, (3, len(x)))).cumsum(axis=1))
-            ax.set_title(WORDS[int(rng.integers(len(WORDS)))].capitalize())
-            buf = io.BytesIO()
-            fmt = "jpeg" if rng.random() < 0.25 else "png"
-            fig.savefig(buf, format=fmt, metadata={"Software": None} if fmt == "png" else None)
-        yield Upload("charts", f"matplotlib {kind} ({family}, {fmt.upper()})", buf.getvalue())
+        data, fmt = draw_chart(rng, kind, family)
+        yield Upload("charts", f"matplotlib {kind} ({family}, {fmt.upper()})", data)
 
 
 # --- photos and textures --------------------------------------------------------------------------------------
@@ -376,33 +325,6 @@ def elevation_files() -> tuple[Path, ...]:
     return tuple(_require(sample / name) for name in ("jacksboro_fault_dem.npz", "topobathy.npz"))
 
 
-def _load_photo(path: Path) -> Image.Image:
-    if path.name.endswith(".ima.gz"):  # 256x256 big-endian 16-bit MRI slice
-        pixels = np.frombuffer(gzip.decompress(path.read_bytes()), ">u2").reshape(256, 256).astype(np.float32)
-        return Image.fromarray((pixels / pixels.max() * 255).astype(np.uint8))
-    with Image.open(path) as image:
-        return _flatten(image, (255, 255, 255)) if image.mode in ("RGBA", "P", "LA") else image.convert("RGB")
-
-
-def _shaded_elevation(path: Path) -> Image.Image:
-    from matplotlib import colormaps
-    from matplotlib.colors import LightSource
-
-    with np.load(path) as data:
-        elevation = np.asarray(data["elevation"] if "elevation" in data else data[data.files[0]], np.float64)
-    rgb = LightSource(azdeg=315, altdeg=45).shade(elevation, cmap=colormaps["gist_earth"], blend_mode="soft")
-    return Image.fromarray((rgb[..., :3] * 255).astype(np.uint8))
-
-
-def _crop(rng: np.random.Generator, image: Image.Image, low: float, high: float) -> Image.Image:
-    area = rng.uniform(low, high) * image.width * image.height
-    aspect = float(np.exp(rng.uniform(-0.5, 0.5)))
-    w = int(min(image.width, max(8, np.sqrt(area * aspect))))
-    h = int(min(image.height, max(8, np.sqrt(area / aspect))))
-    x, y = int(rng.integers(0, image.width - w + 1)), int(rng.integers(0, image.height - h + 1))
-    return image.crop((x, y, x + w, y + h))
-
-
 def _photo_upload(rng: np.random.Generator, image: Image.Image, longest: int) -> tuple[bytes, str]:
     scale = longest / max(image.size)
     image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
@@ -417,90 +339,39 @@ def _photo_upload(rng: np.random.Generator, image: Image.Image, longest: int) ->
 
 def _photos(rng: np.random.Generator, n: int) -> Iterator[Upload]:
     paths = photo_files()
-    photos = [_load_photo(p) for p in paths]
+    photos = [load_photo(p) for p in paths]
     for i in range(n):
         k = i % len(paths)
-        crop = _crop(rng, photos[k], 0.3, 1.0)
+        crop = random_crop(rng, photos[k], 0.3, 1.0)
         data, fmt = _photo_upload(rng, crop, int(rng.choice([160, 320, 480, 640, 1024])))
         yield Upload("photos", f"{paths[k].name} crop {crop.width}x{crop.height} {fmt}", data)
 
 
 def _textures(rng: np.random.Generator, n: int) -> Iterator[Upload]:
     paths = photo_files()[:4] + elevation_files()
-    images = [_load_photo(p) for p in paths[:4]] + [_shaded_elevation(p) for p in paths[4:]]
+    images = [load_photo(p) for p in paths[:4]] + [shaded_elevation(p) for p in paths[4:]]
     for i in range(n):
         k = i % len(paths)
-        crop = _crop(rng, images[k], 0.01, 0.08)
+        crop = random_crop(rng, images[k], 0.01, 0.08)
         data, fmt = _photo_upload(rng, crop, int(rng.choice([64, 128, 256, 400])))
         yield Upload("textures", f"{paths[k].name} close crop {crop.width}x{crop.height} {fmt}", data)
 
 
 def _scene_crops(rng: np.random.Generator, n: int) -> Iterator[Upload]:
     paths = photo_files()[:4] + elevation_files()
-    images = [_load_photo(p) for p in paths[:4]] + [_shaded_elevation(p) for p in paths[4:]]
+    images = [load_photo(p) for p in paths[:4]] + [shaded_elevation(p) for p in paths[4:]]
     for i in range(n):
         k = i % len(paths)
-        crop = _crop(rng, images[k], 0.04, 0.25)
+        crop = random_crop(rng, images[k], 0.04, 0.25)
         data, fmt = _photo_upload(rng, crop, int(rng.choice([320, 480, 640, 800, 1024])))
         yield Upload("scene-crops", f"{paths[k].name} crop {crop.width}x{crop.height} {fmt}", data)
-
-
-TEXTURE_KINDS = ("wood", "marble", "weave", "bricks", "gravel", "clouds", "grass")
-
-
-def _smooth_noise(rng: np.random.Generator, side: int, cell: int) -> np.ndarray:
-    coarse = rng.random((side // cell + 3, side // cell + 3)).astype(np.float32)
-    return np.asarray(Image.fromarray(coarse, "F").resize((side + 3 * cell, side + 3 * cell),
-                                                         Image.Resampling.BICUBIC))[cell:cell + side, cell:cell + side]
-
-
-def _texture(rng: np.random.Generator, kind: str, side: int) -> np.ndarray:
-    """A side x side texture of one of TEXTURE_KINDS, 0..1."""
-    yy, xx = np.mgrid[0:side, 0:side].astype(np.float32) / side
-    turbulence = sum(_smooth_noise(rng, side, max(2, side // f)) / f for f in (4, 8, 16, 32))
-    if kind == "wood":
-        cx, cy = rng.uniform(-1, 2, 2)
-        texture = np.sin(2 * np.pi * (np.hypot(xx - cx, (yy - cy) * 0.2) * rng.uniform(8, 20) + 1.5 * turbulence))
-    elif kind == "marble":
-        texture = np.sin(2 * np.pi * (xx * rng.uniform(2, 6) + yy * rng.uniform(0, 3)) + 6 * turbulence)
-    elif kind == "weave":
-        f = rng.uniform(12, 40)
-        over = np.sign(np.sin(np.pi * xx * f)) * np.sign(np.sin(np.pi * yy * f))
-        texture = np.where(over > 0, np.sin(np.pi * xx * f * 2), np.sin(np.pi * yy * f * 2)) + 0.5 * turbulence
-    elif kind == "bricks":
-        rows, f = rng.uniform(6, 16), rng.uniform(3, 8)
-        row = np.floor(yy * rows)
-        u = xx * f + 0.5 * (row % 2)
-        mortar = (np.abs(yy * rows - np.round(yy * rows)) < 0.06) | (np.abs(u - np.round(u)) < 0.04)
-        tone = _smooth_noise(rng, side, max(2, side // 12))
-        texture = np.where(mortar, 1.0, -0.6 + 0.4 * tone) + 0.2 * turbulence
-    elif kind == "gravel":
-        from scipy import ndimage
-
-        seeds = np.zeros((side, side), bool)
-        count = int(side * side / rng.uniform(60, 300))
-        seeds[rng.integers(0, side, count), rng.integers(0, side, count)] = True
-        distance = ndimage.distance_transform_edt(~seeds)
-        texture = -distance / max(float(distance.max()), 1.0) + 0.3 * turbulence
-    elif kind == "clouds":
-        texture = turbulence
-    else:  # grass: many short blades, leaning one way
-        picture = Image.new("F", (side, side), 0.0)
-        draw = ImageDraw.Draw(picture)
-        lean = rng.uniform(-0.3, 0.3)
-        for x, y, length in zip(rng.uniform(0, side, 1500), rng.uniform(0, side, 1500), rng.uniform(6, 30, 1500)):
-            draw.line([(x, y), (x + lean * length + rng.normal(0, 2), y - length)], fill=float(rng.uniform(0.3, 1)),
-                      width=int(rng.integers(1, 3)))
-        texture = np.asarray(picture) + 0.3 * turbulence
-    texture = np.asarray(texture, np.float32)
-    return (texture - texture.min()) / max(float(np.ptp(texture)), 1e-6)
 
 
 def _generated_textures(rng: np.random.Generator, n: int) -> Iterator[Upload]:
     for i in range(n):
         kind = TEXTURE_KINDS[i % len(TEXTURE_KINDS)]
         side = int(rng.choice([256, 384, 512]))
-        t = _texture(rng, kind, side)[..., None]
+        t = texture(rng, kind, side)[..., None]
         dark, light = np.array(_colour(rng, light=False)), np.array(_colour(rng, light=True))
         rgb = dark * (1 - t) + light * t
         ramp = 1 + rng.uniform(-0.25, 0.25) * np.linspace(-1, 1, side, dtype=np.float32)[None, :, None]
