@@ -25,6 +25,7 @@ import pytest
 from serving.archive import mar_name
 from serving.server import private_instance, start, stop
 from support.hostile import OCTET, multipart, post, ready_pids, wait_for_workers
+from support.signals import ctrl_c_as_at_a_terminal
 from serving.samples import user_digit_png
 from PIL import Image
 
@@ -109,7 +110,8 @@ def interrupt_archive(tiny_artifacts: Path, model_store: Path, store: Path, sig:
     before = stored_files(store)
     proc = subprocess.Popen([str(REPO / "archive.sh"), "--no-train", "--artifacts", str(tiny_artifacts),
                              "--export-path", str(store), "--model-version", "9.9"], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=ctrl_c_as_at_a_terminal)
     delay = interrupt_when(proc, lambda: bool(hidden(store)), sig, 0.1)  # the build itself takes ~0.15 s
     _, stderr = proc.communicate(timeout=60)
     return ArchiveRun(store, proc.returncode, stderr, before, delay)
@@ -278,7 +280,7 @@ def test_interrupted_training_leaves_the_previous_artifacts_intact(tiny_artifact
     proc = subprocess.Popen([sys.executable, "-m", "training", "--data-source", f"folder:{folder_dataset}", "--epochs", "3",
                              "--embedding-dim", "8", "--no-plots", "--threads", "1", "--out", str(out)],
                             env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=ctrl_c_as_at_a_terminal)
     delay = interrupt_when(proc, lambda: any(".partial-" in name for name in hidden(out.parent)), sig, 2.5)
     _, stderr = proc.communicate(timeout=120)
     context = f"seed {SEED}, {sig.name} {delay:.2f}s after the build started, rc {proc.returncode}: {stderr[-300:]}"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.signals import ctrl_c_as_at_a_terminal
 from support.torchserve import torchserve_processes
 
 from client import EmbeddingClient, tokens
@@ -136,7 +137,8 @@ def test_ctrl_c_during_start_leaves_no_server(store, tmp_path, env):
     pid_file = instance.tmpdir / ".model_server.pid"
     command = [sys.executable, "-m", "serving", "--config", str(instance.config), "--workdir", str(instance.workdir),
                "--model-name", NAME, "start", "--timeout", str(START_TIMEOUT)]
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_as_at_a_terminal)
     try:
         deadline = time.monotonic() + 120
         while not (pid_file.exists() and instance.pid()) and time.monotonic() < deadline and proc.poll() is None:
