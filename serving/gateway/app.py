@@ -86,7 +86,7 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.backend.max_request_size,
                               middlewares=[self._count_or_refuse, self._auth])
-        get, post = web.get, web.post
+        get, post, put = web.get, web.post, web.put
         app.add_routes([
             get("/", self.v1_live),
             get("/v2/health/live", self.live),
@@ -103,6 +103,8 @@ class Gateway:
             post("/v2/models/{model}/versions/{version}/infer", self.v2_infer),
             post("/predictions/{model}", self.passthrough),
             post("/predictions/{model}/{version}", self.passthrough),
+            put("/predictions/{model}", self.passthrough),  # `curl -T image.png`, as TorchServe's docs send it
+            put("/predictions/{model}/{version}", self.passthrough),
             get("/ping", self.passthrough),
         ])
         app.on_startup.append(self._open)

@@ -494,7 +494,7 @@ def test_sigterm_drains_the_gateway(layout, tmp_path, digits, kind, extra):
 # --- the same answers from both runtimes ------------------------------------------------------------------------
 
 
-def both(runtimes: dict[str, Served], path: str, body: bytes, headers: dict[str, str]
+def both(runtimes: dict[str, Served], path: str, body: bytes, headers: dict[str, str], method: str = "POST"
          ) -> dict[str, tuple[int, str | None, str | None, bytes]]:
     """{runtime: (status, Content-Type, Inference-Header-Content-Length, body)} for the same request to each, sent
     with http.client (which adds no Content-Type of its own, unlike urllib)."""
@@ -502,7 +502,7 @@ def both(runtimes: dict[str, Served], path: str, body: bytes, headers: dict[str,
     for kind, served in runtimes.items():
         connection = http.client.HTTPConnection(urlsplit(served.url).netloc, timeout=120)
         try:
-            connection.request("POST", path, body=body, headers={"Authorization": f"Bearer {served.key}", **headers})
+            connection.request(method, path, body=body, headers={"Authorization": f"Bearer {served.key}", **headers})
             response = connection.getresponse()
             answers[kind] = (response.status, response.getheader("Content-Type"),
                              response.getheader("Inference-Header-Content-Length"), response.read())
@@ -530,6 +530,15 @@ def test_hostile_requests_are_answered_byte_for_byte_alike(runtimes, corpus, cas
         assert status == 400 and content_type == "application/json" and "%" in json.loads(body)["error"]
     else:
         assert got["python"] == got["torchserve"]
+
+
+@pytest.mark.parametrize("path", ["/predictions/embedding", "/predictions/embedding/1.0"])
+def test_an_image_put_as_curl_T_sends_it_is_answered_as_a_post(runtimes, digits, path):
+    """TorchServe's own docs send images with `curl -T` (PUT): both runtimes answer it as they answer a POST."""
+    png = user_digit_png(digits[1])
+    put = both(runtimes, path, png, {"Content-Type": "application/octet-stream"}, method="PUT")
+    assert put == both(runtimes, path, png, {"Content-Type": "application/octet-stream"})
+    assert put["python"] == put["torchserve"] and put["python"][0] == 200, put
 
 
 def kserve_requests(pngs: list[bytes]) -> dict[str, tuple[str, bytes, dict[str, str]]]:
