@@ -1,4 +1,5 @@
-"""python -m serving start|stop|samples: run the model on TorchServe with the project's config.
+"""python -m serving start|stop|samples: run the model on TorchServe (or, --runtime python, without Java) with the
+project's config.
 
 Classify images and read the model's state with python -m client predict and python -m client status.
 """
@@ -13,9 +14,11 @@ from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, 
                         output_dir, positive_seconds)
 from settings import CONFIG_FILE, MODEL_NAME, REPO, SettingsError, check_model_name, read_properties
 
-from .server import Instance, ServerError, holder_of, model_store_for, recorded_on_ports, start, stop
+from .server import (Instance, ServerError, holder_of, model_store_for, recorded_on_ports, server_name, start,
+                     stop)
 
 PROG = "python -m serving"
+RUNTIMES = ("torchserve", "python")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--mar", action="append", metavar="FILE", help="an archive in the model store to load; repeat it "
                    "to serve several versions, the first one the default (default: load_models in --config)")
     s.add_argument("--timeout", type=positive_seconds, default=120.0, help="seconds to wait for READY workers")
-    sub.add_parser("stop", help="stop TorchServe and its workers")
+    s.add_argument("--runtime", choices=RUNTIMES, default=RUNTIMES[0],
+                   help="torchserve (default), or python: the same archives on the config's ports without Java "
+                        "(no management API; docs/decisions.md says when to choose it)")
+    sub.add_parser("stop", help="stop the server (either runtime) and its workers")
     sm = sub.add_parser("samples", help="write sample digit PNGs")
     sm.add_argument("--out", type=Path, default=REPO / "samples", help="folder to write them to")
     return p
@@ -85,9 +91,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _start(args: argparse.Namespace, instance: Instance) -> int:
-    seconds = start(instance, args.model_store, ",".join(args.mar) or None, timeout=args.timeout)
+    models = ",".join(args.mar) or None
+    if args.runtime == "python":
+        from . import python_server
+
+        seconds = python_server.start(instance, args.model_store, models, timeout=args.timeout)
+    else:
+        seconds = start(instance, args.model_store, models, timeout=args.timeout)
     url = instance.endpoints.inference
-    print(f"TorchServe READY in {seconds:.1f}s: {url}/predictions/{instance.model_name}")
+    print(f"{server_name(instance)} READY in {seconds:.1f}s: {url}/predictions/{instance.model_name}")
     if instance.token_auth:
         print(f"tokens: {instance.key_file} (inference key under \"inference\")")
     config = "" if instance.config == CONFIG_FILE.resolve() else f" --config {instance.config}"
@@ -99,13 +111,15 @@ def _start(args: argparse.Namespace, instance: Instance) -> int:
 def _stop(instance: Instance) -> int:
     """Stop the TorchServe of --workdir, else the one a project command started on the ports of --config; name
     what else holds those ports, which it did not start and leaves alone."""
+    name = server_name(instance)
     if stop(instance):
-        print(f"TorchServe stopped ({instance.workdir})")
+        print(f"{name} stopped ({instance.workdir})")
         return 0
     found = recorded_on_ports(instance)
     for other in found:
+        name = server_name(other)
         if stop(other):
-            print(f"TorchServe stopped ({other.workdir}, on the ports of {instance.config})")
+            print(f"{name} stopped ({other.workdir}, on the ports of {instance.config})")
     if found:
         return 0
     holders = {port: holder_of(port) for port in set(instance.endpoints.ports().values())}

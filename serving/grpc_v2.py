@@ -20,7 +20,6 @@ The stubs come from serving/proto/grpc_predict_v2.proto (:mod:`serving.grpc_stub
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hmac
 import json

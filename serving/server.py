@@ -221,16 +221,16 @@ def holder_of(port: int) -> str:
     return f" by {', '.join(others)}" if others else ""
 
 
-def _check_free(instance: Instance) -> None:
-    """ServerError naming what holds a port of the config, if anything does."""
-    for what, port in instance.endpoints.ports().items():
+def check_free(instance: Instance, ports: dict[str, int] | None = None) -> None:
+    """ServerError naming what holds a port of the config (or of `ports`), if anything does."""
+    for what, port in (instance.endpoints.ports() if ports is None else ports).items():
         if port_in_use(port):
             raise ServerError(f"port {port} ({what}) is already in use{holder_of(port)}: stop the other server or "
                               f"change {instance.config.name}")
 
 
 @contextlib.contextmanager
-def _held_interrupts() -> Iterator[None]:
+def held_interrupts() -> Iterator[None]:
     """Ctrl-C held back until the block ends, then raised: a launch or a stop is never cut in half (the launcher
     starts Java in its own session, which a Ctrl-C would leave running)."""
     if threading.current_thread() is not threading.main_thread():
@@ -281,22 +281,25 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
         raise ServerError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
     if instance.pid() is not None:
         raise ServerError(f"TorchServe already running (pid {instance.pid()}); stop it first")
+    other = recorded_here(instance)
+    if other is not None:
+        raise ServerError(f"{other.describe()} is running; stop it first")
     (instance.tmpdir / PID_FILE).unlink(missing_ok=True)  # stale: the frontend died without cleaning up
     props = read_properties(instance.config)
     load = models or props.get("load_models", "")
     for name in filter(None, (m.split("=")[-1].strip() for m in load.split(","))):
         if name not in ("all", "ALL") and not (Path(model_store) / name).exists():
             raise ServerError(f"{Path(model_store) / name} not found: build it with ./archive.sh")
-    _check_free(instance)
+    check_free(instance)
     instances.ensure_dir()  # where the start is recorded: unwritable is an error before anything runs
     offsets = log_offsets(instance)
     started = time.monotonic()
     try:
-        with _held_interrupts():
+        with held_interrupts():
             _launch(instance, Path(model_store), models, WORKER_THREADS if threads is None else threads)
         wait_ready(instance, timeout, offsets)
     except BaseException:
-        with _held_interrupts():
+        with held_interrupts():
             stop(instance)
         raise
     return time.monotonic() - started
@@ -305,7 +308,7 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
 def stop(instance: Instance, timeout: float = 20.0) -> bool:
     """Stop the frontend and every worker it started, as `torchserve --stop` would, and forget its record; True if
     something was running."""
-    pid = instance.pid() or next((r.pid for r in instances.running() if r.workdir == str(instance.workdir)), None)
+    pid = instance.pid() or getattr(recorded_here(instance), "pid", None)
     if pid is None:
         (instance.tmpdir / PID_FILE).unlink(missing_ok=True)
         return False
@@ -324,6 +327,17 @@ def stop(instance: Instance, timeout: float = 20.0) -> bool:
     (instance.tmpdir / PID_FILE).unlink(missing_ok=True)
     instances.forget(pid)
     return True
+
+
+def recorded_here(instance: Instance) -> instances.Record | None:
+    """The running server a project command started from this instance's workdir, if any."""
+    return next((r for r in instances.running() if r.workdir == str(instance.workdir)), None)
+
+
+def server_name(instance: Instance) -> str:
+    """What a stop of `instance` stops: "TorchServe" or "python runtime"."""
+    record = recorded_here(instance)
+    return "TorchServe" if instance.pid() is not None or record is None else record.server
 
 
 def recorded_on_ports(instance: Instance) -> list[Instance]:

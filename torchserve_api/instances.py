@@ -29,13 +29,15 @@ def is_loopback(url: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
+#: What each runtime a record may name is called in messages.
+RUNTIME_NAMES = {"torchserve": "TorchServe", "python": "python runtime"}
 #: Seconds two readings of one process's start time may differ by (psutil derives it from clock ticks).
 SAME_START_S = 1.0
 
 
 @dataclass(frozen=True)
 class Record:
-    """One running TorchServe: its frontend's pid and start time, where it runs and what it listens on."""
+    """One running server: its frontend's (or the python runtime supervisor's) pid and start time, where it runs and what it listens on."""
 
     pid: int
     started: float
@@ -45,6 +47,12 @@ class Record:
     model_store: str
     key_file: str | None  # None: the config turns token authorization off
     ports: dict[str, int] = field(default_factory=dict)
+    runtime: str = "torchserve"  # or "python": serving.python_runtime, the same archives without Java
+
+    @property
+    def server(self) -> str:
+        """What runs: "TorchServe" or "python runtime"."""
+        return RUNTIME_NAMES.get(self.runtime, self.runtime)
 
     def alive(self) -> bool:
         try:
@@ -53,14 +61,14 @@ class Record:
             return False
 
     def describe(self) -> str:
-        return f"TorchServe pid {self.pid} of {self.workdir}"
+        return f"{self.server} pid {self.pid} of {self.workdir}"
 
 
 def record_of(pid: int, workdir: Path, config: Path, model_name: str, model_store: Path, key_file: Path | None,
-              ports: dict[str, int]) -> Record:
+              ports: dict[str, int], runtime: str = "torchserve") -> Record:
     """The record of the running process `pid`; psutil.Error if it is gone."""
     return Record(pid, psutil.Process(pid).create_time(), str(workdir), str(config), model_name, str(model_store),
-                  None if key_file is None else str(key_file), dict(ports))
+                  None if key_file is None else str(key_file), dict(ports), runtime)
 
 
 def ensure_dir() -> Path:

@@ -5,12 +5,14 @@ several versions without editing a tracked file."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -21,6 +23,7 @@ from support.torchserve import torchserve_processes
 from client import EmbeddingClient, tokens
 from client.errors import AuthError
 from serving.archive import build_mar
+from serving.ports import port_taken
 from serving.samples import write_samples
 from serving.server import Instance, model_status, private_instance, stop
 from settings import MODEL_CONFIG_FILE, REPO
@@ -66,13 +69,9 @@ def serving(env: dict[str, str], cwd: Path, *args: str, timeout: float = 60) -> 
 
 
 def ports_free(instance: Instance) -> bool:
-    for port in instance.endpoints.ports().values():
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
+    """Whether a server could listen on every port of the config now (as servers bind: SO_REUSEADDR, so the
+    TIME_WAIT of connections the stopped server closed does not count)."""
+    return not any(port_taken("127.0.0.1", port) for port in instance.endpoints.ports().values())
 
 
 @pytest.mark.serving
@@ -153,4 +152,56 @@ def test_ctrl_c_during_start_leaves_no_server(store, tmp_path, env):
     finally:
         if proc.poll() is None:
             proc.kill()
+        stop(instance)
+
+
+@pytest.mark.serving
+def test_the_python_runtime_is_started_found_and_stopped_as_torchserve_is(store, tmp_path, env, elsewhere):
+    """`serving start --runtime python`: the same archives on the config's ports, its key where the client finds
+    it, raw image bytes as `curl --data-binary` labels them answered, and `serving stop` from anywhere."""
+    instance = private_instance(tmp_path / "py", model_store=str(store), load_models=f"{NAME}.mar")
+    instance = Instance(instance.workdir, instance.config, NAME)
+    config, workdir = str(instance.config), str(instance.workdir)
+    try:
+        started = serving(env, REPO, "--config", config, "--workdir", workdir, "--model-name", NAME, "start",
+                          "--runtime", "python", "--mar", f"{NAME}.mar", "--mar", f"{NAME}-2.0.mar",
+                          timeout=START_TIMEOUT)
+        assert started.returncode == 0, started.stderr
+        url = instance.endpoints.inference
+        assert started.stdout.splitlines()[0].startswith("python runtime READY in ")
+        assert started.stdout.splitlines()[0].endswith(f": {url}/predictions/{NAME}")
+        [record] = instances.running()
+        assert (record.runtime, record.workdir, record.key_file) == ("python", workdir, str(instance.key_file))
+        assert oct(instance.key_file.stat().st_mode & 0o777) == "0o600"
+        served = psutil.Process(record.pid)
+        processes = [served, *served.children(recursive=True)]
+        assert len(processes) == 2, "one supervisor and the archive's one worker"
+
+        digit = write_samples(tmp_path / "samples")[7]
+        predicted = subprocess.run([sys.executable, "-m", "client", "predict", str(digit), "--model-name", NAME,
+                                    "--config", config], cwd=elsewhere, env=env, capture_output=True, text=True,
+                                   timeout=60)
+        assert predicted.returncode == 0, predicted.stderr
+        assert json.loads(predicted.stdout.splitlines()[0])["pred"] == "7"
+        token = tokens.resolve("inference", url=url, env={})
+        assert token.source == str(instance.key_file)
+        with EmbeddingClient(url, model=NAME, version="2.0", token=token) as client:
+            assert client.predict(digit)["model_version"] == "2.0"
+        request = urllib.request.Request(f"{url}/predictions/{NAME}", data=digit.read_bytes(), method="POST",
+                                         headers={"Content-Type": "application/x-www-form-urlencoded",
+                                                  **token.header()})
+        with urllib.request.urlopen(request, timeout=30) as response:  # curl --data-binary @digit_7.png
+            assert json.loads(response.read())["pred"] == "7"
+
+        refused = serving(env, elsewhere, "--config", config, "--workdir", workdir, "start")
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == f"serving: error: python runtime pid {record.pid} of {workdir} is running; " \
+                                         "stop it first"
+
+        stopped = serving(env, elsewhere, "--config", config, "--workdir", str(elsewhere / "empty"), "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.strip() == f"python runtime stopped ({workdir}, on the ports of {config})"
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes)
+        assert instances.running() == [] and not instance.key_file.exists() and ports_free(instance)
+    finally:
         stop(instance)

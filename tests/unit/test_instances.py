@@ -54,6 +54,17 @@ def test_a_saved_record_is_read_back_private_and_whole(tmp_path):
     assert instances.running() == [] and not path.exists()
 
 
+def test_a_record_names_its_runtime_and_one_written_before_runtimes_is_torchserves(tmp_path):
+    python = instances.Record(**{**record_for_this_process(tmp_path).__dict__, "runtime": "python"})
+    instances.save(python)
+    assert instances.running()[0].describe() == f"python runtime pid {os.getpid()} of {tmp_path / 'workdir'}"
+    older = {k: v for k, v in record_for_this_process(tmp_path).__dict__.items() if k != "runtime"}
+    (servers_dir() / f"{os.getpid()}.json").write_text(json.dumps(older))
+    [record] = instances.running()
+    assert (record.runtime, record.server) == ("torchserve", "TorchServe")
+    assert record.describe().startswith("TorchServe pid ")
+
+
 def test_a_record_whose_process_is_gone_is_dropped_and_deleted(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     record = instances.record_of(gone.pid, tmp_path, tmp_path / "c", "embedding", tmp_path, None, {"inference": 1})
