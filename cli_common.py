@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -182,3 +184,62 @@ def positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter defined once for every command line and pipeline that takes it: its name (the flag is
+    ``--name-with-dashes``), type, default, help, choices and a check returning the problem with a value, if any."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The command-line spellings: a one-letter name also has its short form (-k and --k)."""
+        return ("-" + self.name, self.flag) if len(self.name) == 1 else (self.flag,)
+
+    def parse(self, text: str) -> Any:
+        """argparse type: the value of `text`, checked (ArgumentTypeError naming the problem)."""
+        try:
+            value = self.type(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {self.type.__name__}, got {text!r}") from None
+        problem = self.check(value) if self.check else None
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
+        return value
+
+
+def add_params(parser: argparse.ArgumentParser | argparse._ArgumentGroup, params: tuple[Param, ...]) -> None:
+    """One checked option per parameter (a bool is a switch)."""
+    for p in params:
+        if p.type is bool:
+            parser.add_argument(*p.flags, dest=p.name, action="store_true", default=p.default, help=p.help)
+        else:
+            parser.add_argument(*p.flags, dest=p.name, type=p.parse, choices=p.choices, default=p.default,
+                                help=p.help, metavar=None if p.choices else p.type.__name__.upper())
+
+
+def positive(value: int) -> str | None:
+    return None if value >= 1 else "must be a positive integer"
+
+
+def finite(value: float) -> str | None:
+    return None if math.isfinite(value) else "must be a finite number"
+
+
+def positive_number(value: float) -> str | None:
+    return None if math.isfinite(value) and value > 0 else "must be a number > 0"
+
+
+def non_negative_number(value: float) -> str | None:
+    return None if math.isfinite(value) and value >= 0 else "must be a number >= 0"

@@ -37,21 +37,24 @@ def load_data(source: str, dataset: Output[Dataset], preprocessing: str = "auto"
 
 
 @component
-def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, seed: int, k: int,
-          model: Output[Model], quantize: str = "auto", precision: str = "fp32") -> None:
-    """Train the embedding network (precision bf16: the forward pass autocast); the output directory holds
-    model.pt (float32, or int8 when quantize resolves to int8: auto does for the digits profile) and train.json.
-    The model's metadata records the resolved quantize, never auto."""
+def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, batch_size: int, lr: float,
+          seed: int, negatives: int, printed: int, oe_weight: float, oe_loss: str, oe_margin: float, quantize: str,
+          precision: str, k: int, model: Output[Model]) -> None:
+    """Train the embedding network with training.params' parameters, as ``python -m training`` does (precision
+    bf16: the forward pass autocast); the output directory holds model.pt (float32, or int8 when quantize resolves
+    to int8: auto does for the digits profile) and train.json. The model's metadata records the resolved quantize,
+    never auto."""
     from pathlib import Path
 
     from training.data import Dataset as TrainingData
+    from training.params import train_config
     from training.steps import train_and_export
-    from training.train import TrainConfig
 
     out = Path(model.path)
     out.mkdir(parents=True, exist_ok=True)
-    config = TrainConfig(epochs=epochs, embedding_dim=embedding_dim, width=width, seed=seed, quantize=quantize,
-                         precision=precision)
+    config = train_config(dict(epochs=epochs, embedding_dim=embedding_dim, width=width, batch_size=batch_size,
+                               lr=lr, seed=seed, negatives=negatives, printed=printed, oe_weight=oe_weight,
+                               oe_loss=oe_loss, oe_margin=oe_margin, quantize=quantize, precision=precision))
     info = train_and_export(TrainingData.load(Path(dataset.path)), config, out, k)
     quantize = info["config"]["quantize"]  # auto resolved by the data's preprocessing profile
     # The last epoch's k-NN accuracy is the float network's; the evaluate task measures the exported (int8) one.
@@ -76,7 +79,8 @@ def build_index(dataset: Input[Dataset], model: Input[Model], index_type: str, s
 
 
 @component
-def evaluate(dataset: Input[Dataset], artifacts: Input[Model], k: int, evaluated: Output[Model],
+def evaluate(dataset: Input[Dataset], artifacts: Input[Model], k: int, open_set_score: str, kth: int,
+             evaluated: Output[Model],
              metrics: Output[Metrics], confusion: Output[ClassificationMetrics],
              report: Output[Markdown]) -> float:
     """Evaluate with the serving searcher, calibrate the threshold, write metadata.json and a report.
@@ -94,7 +98,7 @@ def evaluate(dataset: Input[Dataset], artifacts: Input[Model], k: int, evaluated
     out = Path(evaluated.path)
     shutil.copytree(artifacts.path, out, dirs_exist_ok=True)
     data = TrainingData.load(Path(dataset.path))
-    metadata = evaluate_and_finalize(data, out, k)
+    metadata = evaluate_and_finalize(data, out, k, score=open_set_score, kth=kth)
     result = json.loads((out / METRICS_FILE).read_text())
     history = json.loads((out / TRAIN_FILE).read_text())["history"]
     accuracy = metadata["metrics"]["accuracy"]

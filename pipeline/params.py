@@ -1,4 +1,5 @@
-"""The pipeline's run parameters in one table: defaults, CLI flags and checks.
+"""The pipeline's run parameters in one table: defaults, CLI flags and checks. The build's own parameters are
+training.params' table, the one ``python -m training`` makes its options from.
 
 The pipeline function's signature (`pipeline.pipeline`) repeats these names and defaults
 because KFP reads them from the signature; a test compares the compiled YAML with this table.
@@ -10,16 +11,15 @@ import argparse
 import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from handler.search import DEFAULT_K
+from cli_common import Param
 from settings import (DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_NAME_RULE, MODEL_VERSION,
                       PVC_MOUNT_DEFAULT)
 from serving.archive import MODEL_VERSION_PATTERN, MODEL_VERSION_RULE
 from training.data import SOURCE_FORMS, source_problem
-from training.config import INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES, QUANTIZE_CHOICES, TrainConfig
+from training.params import TRAINING_PARAMS
 
 from .kserve_deploy.manifest import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
 
@@ -40,10 +40,6 @@ class ParamError(ValueError):
     """A parameter value the pipeline cannot run with; the message is one line."""
 
 
-def _positive(value: int) -> str | None:
-    return None if value >= 1 else "must be a positive integer"
-
-
 def _accuracy(value: float) -> str | None:
     return None if math.isfinite(value) and value >= 0 else "must be a number >= 0 (above 1 never deploys)"
 
@@ -60,41 +56,9 @@ def _pattern(regex: re.Pattern, what: str) -> Callable[[str], str | None]:
     return lambda value: None if regex.match(value) else f"{what} ({regex.pattern})"
 
 
-@dataclass(frozen=True)
-class Param:
-    name: str
-    type: type
-    default: Any
-    help: str
-    choices: tuple[str, ...] | None = None
-    check: Callable[[Any], str | None] | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def flags(self) -> tuple[str, ...]:
-        """The command-line spellings: a one-letter name also has its short form (-k and --k)."""
-        return ("-" + self.name, self.flag) if len(self.name) == 1 else (self.flag,)
-
-
-_TRAIN = TrainConfig()
 PARAMS: tuple[Param, ...] = (
     Param("data_source", str, DEFAULT_DATA_SOURCE, SOURCE_FORMS, check=source_problem),
-    Param("preprocessing", str, "auto", "preprocessing profile (auto: full-frame for Fashion-MNIST, else digits)",
-          choices=PROFILE_CHOICES),
-    Param("epochs", int, _TRAIN.epochs, "training epochs", check=_positive),
-    Param("embedding_dim", int, _TRAIN.embedding_dim, "embedding size", check=_positive),
-    Param("width", int, _TRAIN.width, "channels of the first conv blocks (later ones 2x, 4x)", check=_positive),
-    Param("seed", int, _TRAIN.seed, "training and index seed"),
-    Param("quantize", str, _TRAIN.quantize, "int8: quantize the convolutions after training (faster on CPU; "
-          "served on the CPU only, no model.onnx); none: the float model; auto: int8 for the digits profile, none "
-          "for full-frame", choices=QUANTIZE_CHOICES),
-    Param("precision", str, _TRAIN.precision, PRECISION_HELP, choices=PRECISION),
-    Param("k", int, DEFAULT_K, "neighbours in the k-NN vote", check=_positive),
-    Param("index_type", str, "auto", "FAISS gallery index (auto: exact below 30k images, IVF above)",
-          choices=("auto", *INDEX_TYPES)),
+    *TRAINING_PARAMS,
     Param("model_name", str, MODEL_NAME, "TorchServe model name",
           check=_pattern(MODEL_NAME_PATTERN, MODEL_NAME_RULE)),
     Param("model_version", str, MODEL_VERSION, "model version written into the archive",

@@ -14,6 +14,7 @@ from kfp import dsl, kubernetes
 from kfp.compiler.compiler_utils import _cpu_to_float, _memory_to_float
 
 from settings import PVC_MOUNT_DEFAULT
+from training.params import CONFIG_FIELDS
 
 from .backend import RUN_ID_ENV, RUN_ID_FIELD_PATH
 from .components import (archive, build_index, check_quality, compare_with_deployed, deploy_kserve, deploy_local,
@@ -60,12 +61,11 @@ def _graph(p: dict[str, Any], options: CompileOptions) -> None:
     kubernetes.use_secret_as_volume(data, secret_name=secret, mount_path=STORAGE_SECRET_MOUNT, optional=True)
     if options.data_pvc_claim:
         kubernetes.mount_pvc(data, pvc_name=options.data_pvc_claim, mount_path=PVC_MOUNT_DEFAULT)
-    trained = task(train(dataset=data.outputs["dataset"], epochs=p["epochs"], embedding_dim=p["embedding_dim"],
-                         width=p["width"], seed=p["seed"], k=p["k"], quantize=p["quantize"],
-                         precision=p["precision"]))
+    trained = task(train(dataset=data.outputs["dataset"], k=p["k"], **{name: p[name] for name in CONFIG_FIELDS}))
     indexed = task(build_index(dataset=data.outputs["dataset"], model=trained.outputs["model"],
                                index_type=p["index_type"], seed=p["seed"]))
-    evaluated = task(evaluate(dataset=data.outputs["dataset"], artifacts=indexed.outputs["artifacts"], k=p["k"]))
+    evaluated = task(evaluate(dataset=data.outputs["dataset"], artifacts=indexed.outputs["artifacts"], k=p["k"],
+                              open_set_score=p["open_set_score"], kth=p["kth"]))
     packed = task(archive(artifacts=evaluated.outputs["evaluated"], model_name=p["model_name"],
                           model_version=p["model_version"]))
     quality = task(check_quality(evaluated=evaluated.outputs["evaluated"], min_accuracy=p["min_accuracy"],

@@ -17,18 +17,15 @@ import signal
 import sys
 from pathlib import Path
 
-from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, input_dir, non_negative_int,
-                        output_dir, output_file, positive_int)
+from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, add_params, fail, input_dir, output_dir,
+                        output_file, positive_int)
 from handler.artifacts import path_identity, quantization
-from handler.search import DEFAULT_K, OPEN_SET_SCORES
 from owned_paths import replaceable_file, starts_with
 from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threads
 
 from .data import SOURCE_FORMS, source_problem
-from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
 from .outputs import artifacts_folder, is_eval_result, source_path, source_reads
-from .config import (DIGIT_NEGATIVES, DIGIT_PRINTED, INDEX_TYPES, PRECISION, PRECISION_HELP, PROFILE_CHOICES,
-                     QUANTIZE_CHOICES, TrainConfig)
+from .params import TRAINING_PARAMS, train_config
 
 DEFAULT_OUT = Path("artifacts")
 THREADS_HELP = f"torch intra-op threads (default: $OMP_NUM_THREADS, else {DEFAULT_THREADS})"
@@ -48,45 +45,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    defaults = TrainConfig()
     p = Parser(prog="python -m training", description=__doc__)
     p.add_argument("--data-source", type=_data_source, default=DEFAULT_DATA_SOURCE, metavar="SOURCE",
                    help=f"training data: {SOURCE_FORMS}")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help="output folder: a new or empty one, or one training made before (replaced atomically)")
-    p.add_argument("--preprocessing", choices=PROFILE_CHOICES, default="auto",
-                   help="preprocessing profile: digits (crop to the strokes, 20x20 box, as MNIST), full-frame (whole "
-                        "28x28 frame, for centred pictures such as Fashion-MNIST) or auto (full-frame for "
-                        "Fashion-MNIST, else digits); recorded in metadata.json and applied by the handler")
-    p.add_argument("--epochs", type=positive_int, default=defaults.epochs, help="training epochs")
-    p.add_argument("--embedding-dim", type=positive_int, default=defaults.embedding_dim, help="embedding size")
-    p.add_argument("--width", type=positive_int, default=defaults.width, help="channels of the first conv block")
-    p.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, help="images per training step")
-    p.add_argument("--lr", type=float, default=defaults.lr, help="learning rate")
-    p.add_argument("--seed", type=int, default=defaults.seed, help="training and index seed")
-    p.add_argument("--index-type", choices=("auto", *INDEX_TYPES), default="auto",
-                   help="gallery index: auto (exact below 30k images, IVF above), flat, hnsw or ivf")
-    p.add_argument("-k", "--k", dest="k", type=positive_int, default=DEFAULT_K, help="neighbours in the k-NN vote")
-    p.add_argument("--open-set-score", choices=OPEN_SET_SCORES, default=DEFAULT_OPEN_SET_SCORE,
-                   help="what the unknown threshold is calibrated on and served with")
-    p.add_argument("--kth", type=positive_int, default=DEFAULT_KTH,
-                   help="neighbour rank of kth_distance (Sun et al. 2022)")
-    p.add_argument("--negatives", type=non_negative_int, default=None,
-                   help=f"synthetic non-digits for outlier exposure (0: off; default {DIGIT_NEGATIVES} when the "
-                        "classes are the ten digits, else 0)")
-    p.add_argument("--printed", type=non_negative_int, default=None,
-                   help=f"printed digits (DejaVu fonts) mixed into training with their labels (0: off; default "
-                        f"{DIGIT_PRINTED} when the classes are the ten digits, else 0)")
-    p.add_argument("--oe-weight", type=float, default=defaults.oe_weight, help="weight of the outlier-exposure loss")
-    p.add_argument("--oe-loss", choices=("hinge", "uniform"), default=defaults.oe_loss,
-                   help="outlier-exposure loss (training/model.py ArcFaceHead.outlier_loss)")
-    p.add_argument("--oe-margin", type=float, default=defaults.oe_margin,
-                   help="hinge: largest cosine a non-digit may keep to any class centre")
-    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=defaults.quantize,
-                   help="int8: quantize the convolutions after training (faster on CPU, CPU only, no model.onnx; the "
-                        "gallery and threshold are built with the int8 model); none: the float model (GPU serving, "
-                        "model.onnx); auto (default): int8 for the digits profile, none for full-frame")
-    p.add_argument("--precision", choices=PRECISION, default=defaults.precision, help=PRECISION_HELP)
+    add_params(p, TRAINING_PARAMS)
     _common(p)
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     return p.parse_args(argv)
@@ -302,11 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     from .data import DataError
     from .export import ExportError
 
-    config = TrainConfig(epochs=args.epochs, embedding_dim=args.embedding_dim, width=args.width,
-                         batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                         negatives=args.negatives, oe_weight=args.oe_weight, oe_loss=args.oe_loss,
-                         oe_margin=args.oe_margin, printed=args.printed,
-                         quantize=args.quantize, precision=args.precision)
+    config = train_config(vars(args))
     before = path_identity(args.out)
     try:
         metadata = build_artifacts(args.data_source, args.out, config, args.index_type, args.k, args.cache_dir,

@@ -17,7 +17,7 @@ from handler.search import DEFAULT_K
 from owned_paths import mark
 from settings import DEFAULT_THREADS
 
-from .evaluate import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
+from .config import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE
 from .outputs import ARTIFACTS_KIND, MADE_BY, artifacts_folder, source_reads
 from .steps import build_gallery, evaluate_and_finalize, prepare_data, train_and_export
 from .train import TrainConfig

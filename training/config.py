@@ -46,6 +46,11 @@ def resolve_quantize(choice: str, profile: str) -> str:
     return choice
 
 
+#: The open-set score new artifacts record and serve (handler.search.open_set_score) and its neighbour rank.
+#: prototype_distance: with outlier exposure the non-digits gather in a region where a few training digits also
+#: land, so small-k neighbour distances fail there while class means stay clear (docs/model-quality.md, "Open-set rejection").
+DEFAULT_OPEN_SET_SCORE = "prototype_distance"
+DEFAULT_KTH = 50
 #: Synthetic non-digits made for outlier exposure when the classes are the ten digits
 #: (training.train.resolve_negatives).
 #: 8,000 since the 24-epoch default; at 24 epochs 4,000 did as well within the seed spread (docs/non-digits.md).

@@ -15,11 +15,6 @@ if TYPE_CHECKING:
 
 #: Share of held-out (in-distribution) queries the open-set threshold must accept.
 ACCEPT_QUANTILE = 0.995
-#: The open-set score new artifacts record and serve (handler.search.open_set_score) and its neighbour rank.
-#: prototype_distance: with outlier exposure the non-digits gather in a region where a few training digits also
-#: land, so small-k neighbour distances fail there while class means stay clear (docs/model-quality.md, "Open-set rejection").
-DEFAULT_OPEN_SET_SCORE = "prototype_distance"
-DEFAULT_KTH = 50
 
 
 def calibrate_threshold(top1_distances: np.ndarray, quantile: float = ACCEPT_QUANTILE) -> float:

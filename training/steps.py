@@ -32,12 +32,10 @@ from handler.artifacts import (
 )
 from handler.search import DEFAULT_K, GallerySearcher, class_prototypes, gallery_vectors
 
-from .config import resolve_profile, resolve_quantize
+from .config import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE, resolve_profile, resolve_quantize
 from .data import Dataset, load_dataset
 from .evaluate import (
     ACCEPT_QUANTILE,
-    DEFAULT_KTH,
-    DEFAULT_OPEN_SET_SCORE,
     calibrate_threshold,
     cross_fitted_acceptance,
     drift_baseline,

@@ -5,7 +5,6 @@ pipeline) builds int8 for the digits profile and float for full-frame, ``--quant
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 from dataclasses import replace
 
@@ -18,6 +17,7 @@ from training import steps
 from training.__main__ import parse_args
 from training.config import PROFILE_QUANTIZATION, QUANTIZE_CHOICES, resolve_quantize
 from training.data import Dataset
+from training.params import CONFIG_FIELDS, TRAINING_PARAMS
 from training.train import TrainConfig
 
 from support.training_cli import config_from_cli
@@ -41,7 +41,6 @@ def test_every_profile_has_a_decided_default():
 
 def test_auto_is_the_default_of_the_config_the_cli_and_the_pipeline(monkeypatch, tmp_path):
     from pipeline import params
-    from pipeline.components import train
 
     assert TrainConfig().quantize == "auto"
     assert parse_args([]).quantize == "auto" and parse_args(["--quantize", "none"]).quantize == "none"
@@ -49,7 +48,6 @@ def test_auto_is_the_default_of_the_config_the_cli_and_the_pipeline(monkeypatch,
     assert config_from_cli(monkeypatch, ["--out", str(tmp_path / "b"), "--quantize", "none"]).quantize == "none"
     (param,) = [p for p in params.PARAMS if p.name == "quantize"]
     assert param.default == "auto" and param.choices == QUANTIZE_CHOICES == ("auto", "none", "int8")
-    assert inspect.signature(train.python_func).parameters["quantize"].default == "auto"
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +133,10 @@ def test_the_pipeline_train_task_records_the_resolved_scheme(digits, trained, tr
     data = replace(digits, profile=profile)
     data.save(tmp_path / "data.npz")
     model = Model(name="model", uri=str(tmp_path / "model"))
-    train.python_func(dataset=DatasetArtifact(name="dataset", uri=str(tmp_path / "data.npz")), epochs=1,
-                      embedding_dim=16, width=8, seed=0, k=5, model=model)  # quantize left at its default
+    words = {p.name: p.default for p in TRAINING_PARAMS if p.name in CONFIG_FIELDS}  # quantize: its default
+    words.update(epochs=1, embedding_dim=16, width=8, seed=0)
+    train.python_func(dataset=DatasetArtifact(name="dataset", uri=str(tmp_path / "data.npz")), k=5, model=model,
+                      **words)
     assert model.metadata["quantize"] == built
     other = {"knn_accuracy", "float_knn_accuracy"} - {accuracy_key}
     assert model.metadata[accuracy_key] == trained[1].epochs[-1]["knn_accuracy"] and not other & set(model.metadata)
