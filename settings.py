@@ -99,6 +99,12 @@ def env_threads(default: int = DEFAULT_THREADS) -> int:
     return int(value) if value.isdigit() and int(value) > 0 else default
 
 
+def service_name_for(model_name: str) -> str:
+    """The InferenceService name a model gets unless one is given: DNS-1035 ('my_model' -> 'my-model')."""
+    name = re.sub(r"[^a-z0-9-]+", "-", model_name.lower()).strip("-")
+    return name if name[:1].isalpha() else f"m-{name}"
+
+
 def check_model_name(name: str) -> str:
     """`name` if TorchServe, KServe and a file name all accept it; SettingsError otherwise."""
     if not MODEL_NAME_PATTERN.match(name):

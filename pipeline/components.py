@@ -176,7 +176,7 @@ def compare_with_deployed(evaluated: Input[Model], model_name: str, namespace: s
     from pipeline.gate import decide
     from pipeline.gate import report as gate_report
     from pipeline.kserve_deploy.api import resolve_namespace
-    from pipeline.kserve_deploy.manifest import service_name_for
+    from settings import service_name_for
 
     metrics = read_metadata(Path(evaluated.path))["metrics"]
     name = service_name or service_name_for(model_name)

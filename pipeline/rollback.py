@@ -15,12 +15,11 @@ import sys
 from typing import Any
 
 from cli_common import positive_seconds
-from settings import MODEL_NAME
+from settings import MODEL_NAME, service_name_for
 
 from .gate import ANNOTATIONS
 from .kserve_deploy.api import core_v1_api, custom_objects_api, own_namespace, read_inference_service
 from .kserve_deploy.errors import KServeError
-from .kserve_deploy.manifest import service_name_for
 from .kserve_deploy.record import STORAGE_URI_KEY, read_record, record_name, record_served
 from .kserve_deploy.rollout import roll_out, rollout_state, served_storage_uri
 

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from settings import service_name_for
+
 from .api import (API_ATTEMPTS, API_BACKOFF_S, CONFLICT_ATTEMPTS, GROUP, NAMESPACE_FILE, PLURAL, VERSION, api_client,
                   api_error, apps_v1_api, call, core_v1_api, custom_objects_api, own_namespace,
                   read_inference_service, resolve_namespace)
@@ -36,8 +38,7 @@ from .errors import KServeError
 from .layout import (CONFIG_PATH, INFERENCE_PORT, METRICS_PORT, MODEL_STORE_MOUNT, SNAPSHOT_KEYS, STORE_DIR,
                      TORCHSERVE_METRICS_PORT, model_snapshot, runtime_properties, stage_layout)
 from .manifest import (API_KEY_ENV, DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, GRPC_PROTOCOL, LIVE_PATH, PREDICTOR_CPU,
-                       PREDICTOR_MEMORY, PROTOCOLS, READY_PATH, inference_service, predictor_endpoint,
-                       service_name_for)
+                       PREDICTOR_MEMORY, PROTOCOLS, READY_PATH, inference_service, predictor_endpoint)
 from .publish import CLUSTER_SCHEMES, local_path, publish, storage_uri, versioned
 from .record import (RECORD_HISTORY, RECORD_PREFIX, STORAGE_URI_KEY, Record, read_record, record_name, record_served,
                      write_record)
@@ -56,7 +57,7 @@ __all__ = ["API_ATTEMPTS", "API_BACKOFF_S", "API_KEY_ENV", "CLUSTER_SCHEMES", "C
            "core_v1_api", "custom_objects_api", "deploy", "deployment_state", "inference_service", "is_raw",
            "local_path", "model_snapshot", "own_namespace", "predictor_endpoint", "publish",
            "read_inference_service", "read_record", "record_name", "record_served", "resolve_namespace", "roll_out",
-           "rollout_state", "runtime_properties", "served_storage_uri", "service_name_for", "stage_layout",
+           "rollout_state", "runtime_properties", "served_storage_uri", "stage_layout",
            "storage_uri", "versioned", "wait_ready", "write_record"]
 
 

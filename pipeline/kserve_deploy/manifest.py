@@ -4,7 +4,6 @@ callers' key, checked against KServe's schema."""
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
 from settings import KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, WORKER_THREADS
@@ -32,12 +31,6 @@ API_KEY_ENV = "INFERENCE_API_KEY"
 #: grow its heap to its -Xmx512m; 1 CPU halved req/s at c=16 and doubled p99 at c=1 against 2 CPUs (the two
 #: workers each keep a core busy).
 PREDICTOR_CPU, PREDICTOR_MEMORY = "2", "1536Mi"
-
-
-def service_name_for(model_name: str) -> str:
-    """A DNS-1035 InferenceService name from a model name ('my_model' -> 'my-model')."""
-    name = re.sub(r"[^a-z0-9-]+", "-", model_name.lower()).strip("-")
-    return name if name[:1].isalpha() else f"m-{name}"
 
 
 def predictor_endpoint(protocol: str) -> dict[str, Any]:

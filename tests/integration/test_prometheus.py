@@ -29,6 +29,7 @@ from PIL import Image, ImageDraw
 from client import EmbeddingClient
 from client.__main__ import main as client_main
 from serving import prometheus as prom
+from serving import prometheus_rules
 from settings import REPO
 from serving.server import free_ports
 
@@ -101,6 +102,26 @@ def test_alert_unit_tests_catch_a_broken_rule(tmp_path, rules, mutation):
     text = (copy / "rules" / rules).read_text()
     assert mutation[0] in text
     (copy / "rules" / rules).write_text(text.replace(mutation[0], mutation[1]))
+    assert promtool("test", "rules", copy / "tests" / "alerts_test.yml").returncode != 0
+
+
+@pytest.mark.prometheus
+@needs_promtool
+def test_the_rules_rendered_for_another_model_fire_on_its_series_and_not_on_embeddings(tmp_path):
+    """python -m serving.prometheus_rules: the rules for model digits_v2 pass the promtool unit tests rendered for
+    that model (every alert fires on its series and stays quiet on the neighbours), and the shipped rules do not."""
+    copy = tmp_path / "prometheus"
+    (copy / "tests").mkdir(parents=True)
+    assert prometheus_rules.main(["--model-name", "digits_v2", "--out", str(copy / "rules")]) == 0
+    tests = prometheus_rules.for_model(UNIT_TESTS.read_text(), "digits_v2")
+    assert 'model_name="digits_v2"' in tests and "inferenceservice digits-v2;" in tests
+    (copy / "tests" / "alerts_test.yml").write_text(tests)
+    checked = promtool("check", "rules", copy / "rules" / "recording.yml", copy / "rules" / "alerts.yml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    result = promtool("test", "rules", copy / "tests" / "alerts_test.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    shutil.rmtree(copy / "rules")
+    shutil.copytree(RULES, copy / "rules")
     assert promtool("test", "rules", copy / "tests" / "alerts_test.yml").returncode != 0
 
 
