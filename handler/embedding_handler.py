@@ -19,6 +19,7 @@ import torch
 from ts.torch_handler.base_handler import BaseHandler
 
 from handler.artifacts import ArtifactError, quantization, read_metadata
+from handler.log_lines import refusal_log_line
 from handler.preprocessing import DEFAULT_MAX_PIXELS
 from handler.protocols import encode_batch, read_row
 from handler.service import DEFAULT_RUNTIME, BatchTimings, EmbeddingService
@@ -147,6 +148,8 @@ class EmbeddingHandler(BaseHandler):
         version = (self.context.manifest or {}).get("model", {}).get("modelVersion")
         out = []
         for idx, (status, text) in enumerate(encode_batch(requests, answers, self.context.model_name, version)):
+            if status != 200:
+                logger.info(refusal_log_line((self.context.request_ids or {}).get(idx), status, text))
             if per_request:
                 if status != 200:
                     # The standard phrase, never the message: TorchServe 0.12 frames the phrase by characters

@@ -23,7 +23,7 @@ KIND = "prometheus-rules"
 PROG = "python -m serving.prometheus_rules"
 #: The spots of the shipped rules that name the model's label value, and its InferenceService (group 1 kept).
 MODEL_LABEL = re.compile(rf'\b((?:model_name|ModelName)=)"{re.escape(MODEL_NAME)}"')
-SERVICE = re.compile(rf"(inferenceservice[= ]|networkpolicy ){re.escape(service_name_for(MODEL_NAME))}\b")
+SERVICE = re.compile(rf"(inferenceservice[= ]|networkpolicy |--service-name ){re.escape(service_name_for(MODEL_NAME))}\b")
 
 
 def for_model(text: str, model: str, service: str | None = None) -> str:

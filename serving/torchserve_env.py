@@ -17,9 +17,15 @@ from typing import Mapping
 from settings import REPO
 
 
+#: The pod's log (kubectl logs) carries the frontend's lifecycle lines: model loaded, workers started and died.
+FRONTEND_CONSOLE_LEVEL = "info"
+
+
 def torchserve_environment(environ: Mapping[str, str], app_root: Path = REPO) -> dict[str, str]:
-    """`environ` without `app_root` (nor empty entries, which mean the working directory) on PYTHONPATH."""
+    """`environ` without `app_root` (nor empty entries, which mean the working directory) on PYTHONPATH, and with
+    TS_FRONTEND_CONSOLE_LEVEL (log4j2.xml) at FRONTEND_CONSOLE_LEVEL unless set."""
     env = dict(environ)
+    env.setdefault("TS_FRONTEND_CONSOLE_LEVEL", FRONTEND_CONSOLE_LEVEL)
     root = os.path.realpath(app_root)
     kept = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep)
             if entry and os.path.realpath(entry) != root]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 from urllib.parse import quote
@@ -27,6 +28,7 @@ from urllib.parse import quote
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from handler.log_lines import refusal_log_line
 from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_INPUTS, V2_OUTPUTS
 from serving.gateway.backend import Backend, InferenceCall, Reply
 from serving.gateway.drain import Drain, FrontProcess
@@ -47,6 +49,9 @@ T = TypeVar("T")
 #: The platform the v2 model metadata names.
 V2_PLATFORM = "pytorch_torchscript"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Set on a response that is the backend's answer (the backend may log its own refusals).
+FORWARDED = "forwarded"
+logger = logging.getLogger("gateway")
 
 
 def json_response(status: int, body: dict) -> web.Response:
@@ -146,6 +151,14 @@ class Gateway:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await self._answer(request, handler)
+        if response.status >= 400 and not (response.get(FORWARDED) and self.backend.logs_refusals):
+            body = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else b""
+            logger.info("%s", refusal_log_line(f"{request.method} {ascii(request.path)[1:-1][:120]}",
+                                               response.status, body))
+        return response
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.api_key is not None and request.path not in PROBE_PATHS:
             scheme, _, key = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key):
@@ -295,4 +308,6 @@ class Gateway:
             headers["Content-Type"] = "application/octet-stream"
         reply: Reply = await self.backend.send(InferenceCall(request.method, path, body, headers,
                                                              request.rel_url.query))
-        return web.Response(status=reply.status, body=reply.body, content_type=reply.content_type)
+        response = web.Response(status=reply.status, body=reply.body, content_type=reply.content_type)
+        response[FORWARDED] = True
+        return response

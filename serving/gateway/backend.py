@@ -45,6 +45,8 @@ class Backend(Protocol):
     default_version: str
     max_request_size: int
     response_timeout_s: float
+    #: Whether the model server logs each refusal it answers (TorchServe's handler does); else the gateway does.
+    logs_refusals: bool
 
     @property
     def server(self) -> tuple[str, str]:

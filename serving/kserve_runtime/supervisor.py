@@ -29,6 +29,8 @@ logger = logging.getLogger("kserve_runtime")
 
 #: How long processes of TorchServe's group may outlive its launcher after shutdown before they are killed.
 LEFTOVER_S = 2.0
+#: Seconds between the readiness checks whose changes go to the log (log_readiness).
+READY_POLL_S = 1.0
 
 
 def start_torchserve(model_store: str, ts_config: str) -> subprocess.Popen:
@@ -70,12 +72,14 @@ async def serve(gateway: Gateway, server: subprocess.Popen, host: str, port: int
     logger.info("%s on %s:%d%s -> TorchServe %s (model %s, auth %s)", "nginx front" if nginx else "gateway",
                 host, port, f" (Open Inference gRPC on {grpc_port})" if grpc_server is not None else "",
                 gateway.backend.inference, gateway.backend.model, "bearer key" if gateway.api_key else "OFF")
+    readiness = asyncio.ensure_future(log_readiness(gateway))
     exited = loop.run_in_executor(None, server.wait)
     watched = {exited}
     if nginx is not None:
         watched.add(loop.run_in_executor(None, nginx.process.wait))
     stopping = asyncio.ensure_future(signals.stop.wait())
     await asyncio.wait({*watched, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    readiness.cancel()
     if any(w.done() for w in watched) and not signals.stop.is_set():
         stopping.cancel()
         what, code = ("TorchServe", exited.result()) if exited.done() else ("nginx", nginx.process.returncode)
@@ -94,6 +98,18 @@ async def serve(gateway: Gateway, server: subprocess.Popen, host: str, port: int
     await loop.run_in_executor(None, stop_group, server, max(remaining, LEFTOVER_S))
     logger.info("stopped %.1f s after the signal", time.monotonic() - started)
     return 0
+
+
+async def log_readiness(gateway: Gateway, interval_s: float = READY_POLL_S) -> None:
+    """One line in the pod's log each time the model's readiness (the readiness probe's answer) changes."""
+    ready = False
+    while True:
+        now = await gateway.model_is_ready()
+        if now != ready:
+            model = gateway.backend.model
+            logger.info("READY: model %s answers" if now else "NOT READY: model %s does not answer", model)
+        ready = now
+        await asyncio.sleep(interval_s)
 
 
 def stop_group(server: subprocess.Popen, grace_s: float) -> None:

@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -45,6 +46,8 @@ class Upstream:
     default_version: str = ""
     session: ClientSession | None = field(default=None, repr=False, compare=False)
     _ready: tuple[float, bool] = field(default=(0.0, False), repr=False, compare=False)
+    #: The handler logs each request it refuses (handler.log_lines).
+    logs_refusals: ClassVar[bool] = True
 
     @classmethod
     def from_config(cls, ts_config: Path, model: str | None = None) -> "Upstream":

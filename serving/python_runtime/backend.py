@@ -67,6 +67,9 @@ class Served:
 class InProcessBackend:
     """The handler core behind the gateway, in the gateway's process (see the module docstring)."""
 
+    #: The core does not log; the gateway logs each refusal (handler.log_lines).
+    logs_refusals = False
+
     def __init__(self, served: Served, max_batch: int, metrics: RuntimeMetrics | None = None) -> None:
         self.served = served
         self.model = served.model

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import time
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -219,6 +220,24 @@ def test_hostile_requests_get_4xx_and_the_server_keeps_answering(predictor, offl
     status, body = post(predict, {"instances": [{"data": b64(png)}]}, key)
     assert status == 200
     close(body["predictions"], expected(offline, [png]))
+
+
+def test_kubectl_logs_shows_readiness_model_loads_and_every_refusal(predictor, canvases):
+    """The container's log (what `kubectl logs` shows) after a refused and a good request: the runbooks' lines."""
+    container, url, key, _ = predictor
+    predict = f"{url}/v1/models/embedding:predict"
+    status, _ = post(predict, {"instances": [{"data": b64(b"\x89PNG\r\n\x1a\n" + b"do-not-log-me" * 8)}]}, key)
+    assert status == 400
+    assert post(predict, {"instances": [{"data": b64(user_digit_png(canvases[3]))}]}, key)[0] == 200
+    deadline = time.monotonic() + 20
+    while "refused request " not in (log := container.logs()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    lines = log.splitlines()
+    assert any("READY: model embedding answers" in line for line in lines), log[-3000:]
+    assert any("Model embedding loaded" in line for line in lines), log[-3000:]
+    assert any("MODEL_LOG - loaded embedding on cpu" in line for line in lines), log[-3000:]
+    assert any("refused request " in line and ": 400 " in line for line in lines), log[-3000:]
+    assert "do-not-log-me" not in log and "batch=" not in log
 
 
 def test_the_predictor_answers_a_burst_under_the_inference_services_limits(predictor, mnt_models, canvases):

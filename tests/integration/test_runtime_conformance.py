@@ -541,6 +541,37 @@ def test_an_image_put_as_curl_T_sends_it_is_answered_as_a_post(runtimes, digits,
     assert put["python"] == put["torchserve"] and put["python"][0] == 200, put
 
 
+def refusal_lines(served: Served) -> list[str]:
+    return [line for line in served.log.read_text(errors="replace").splitlines() if "refused request " in line]
+
+
+def test_each_refused_request_leaves_one_line_in_the_log_and_its_body_none(runtimes, digits):
+    """`kubectl logs` shows every refusal with its reason, whoever refused it (the front's key check, the gateway's
+    v2 codec, the handler), and never the request's bytes."""
+    secret = b"\x89PNG\r\n\x1a\n" + b"do-not-log-me" * 8
+    before = {kind: len(refusal_lines(served)) for kind, served in runtimes.items()}
+    refused = [
+        both(runtimes, "/predictions/embedding", secret, {"Content-Type": "application/octet-stream"}),
+        both(runtimes, "/predictions/embedding", secret, {"Content-Type": "application/octet-stream",
+                                                           "Authorization": "Bearer wrong"}),
+        both(runtimes, "/v2/models/embedding/infer", b'{"inputs": 7}', {"Content-Type": "application/json"}),
+        both(runtimes, "/v1/models/embedding:predict", json.dumps({"instances": [{"data": "not base64!"}]}).encode(),
+             {"Content-Type": "application/json"}),
+    ]
+    assert all(answer[kind][0] in (400, 401) for answer in refused for kind in runtimes), refused
+    assert both(runtimes, "/predictions/embedding", user_digit_png(digits[0]),
+                {"Content-Type": "application/octet-stream"})["python"][0] == 200
+    for kind, served in runtimes.items():
+        deadline = time.monotonic() + 20  # TorchServe writes its workers' output asynchronously
+        while len(refusal_lines(served)) < before[kind] + len(refused) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        lines = refusal_lines(served)[before[kind]:]
+        assert len(lines) == len(refused), (kind, lines)
+        assert any(": 401 missing or wrong bearer key" in line for line in lines), (kind, lines)
+        assert any(": 400 not an image Pillow can read" in line for line in lines), (kind, lines)
+        assert "do-not-log-me" not in served.log.read_text(errors="replace")
+
+
 def kserve_requests(pngs: list[bytes]) -> dict[str, tuple[str, bytes, dict[str, str]]]:
     """(path, body, headers) of KServe v1 / Open Inference v2 requests, good and bad, as clients send them."""
     b64 = [base64.b64encode(p).decode() for p in pngs]

@@ -144,9 +144,11 @@ def test_torchserve_starts_without_the_images_code_on_pythonpath(tmp_path):
     app.mkdir(parents=True)
     other = tmp_path / "libs"
     env = {"PYTHONPATH": f"{app}:{other}::{tmp_path / 'opt' / '.' / 'app'}", "OMP_NUM_THREADS": "1"}
-    assert torchserve_environment(env, app) == {"PYTHONPATH": str(other), "OMP_NUM_THREADS": "1"}
-    assert torchserve_environment({"PYTHONPATH": str(app), "HOME": "/h"}, app) == {"HOME": "/h"}
-    assert torchserve_environment({"HOME": "/h"}, app) == {"HOME": "/h"}
+    info = {"TS_FRONTEND_CONSOLE_LEVEL": "info"}  # the pod's log carries the frontend's lifecycle lines
+    assert torchserve_environment(env, app) == {"PYTHONPATH": str(other), "OMP_NUM_THREADS": "1", **info}
+    assert torchserve_environment({"PYTHONPATH": str(app), "HOME": "/h"}, app) == {"HOME": "/h", **info}
+    assert torchserve_environment({"HOME": "/h", "TS_FRONTEND_CONSOLE_LEVEL": "warn"}, app) == \
+        {"HOME": "/h", "TS_FRONTEND_CONSOLE_LEVEL": "warn"}
     assert env["PYTHONPATH"].startswith(str(app))  # the gateway's own environment is left alone
 
 

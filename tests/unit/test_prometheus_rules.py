@@ -47,6 +47,7 @@ def _label_values(expr: str) -> set[tuple[str, str]]:
 def test_an_explicit_service_name_is_used_in_the_runbooks():
     text = for_model((RULES_DIR / "alerts.yml").read_text(), "digits_v2", "mnist-digits")
     assert "inferenceservice mnist-digits;" in text and "networkpolicy mnist-digits-predictor " in text
+    assert "python -m pipeline rollback --to <previous version> --namespace $NS --service-name mnist-digits" in text
 
 
 def test_out_refuses_a_folder_of_the_users_files_and_replaces_its_own(tmp_path, capsys):

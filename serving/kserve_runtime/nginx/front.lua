@@ -41,6 +41,7 @@ function M.init(settings)
 end
 
 local function answer(status, message)
+    ngx.ctx.refused = message
     ngx.status = status
     ngx.header["Content-Type"] = "application/json"
     ngx.say(string.format('{"error": "%s"}', message))
@@ -99,6 +100,11 @@ end
 
 -- Log phase: count the request out and observe its duration under (version, status), served models only.
 function M.log()
+    -- A refusal nginx answered itself: the one line per refused request (handler/log_lines.py's shape).
+    if ngx.ctx.refused then
+        ngx.log(ngx.WARN, "refused request ", ngx.req.get_method(), " ", ngx.var.uri, ": ", ngx.status, " ",
+                ngx.ctx.refused)
+    end
     if ngx.ctx.counted then
         state:incr("in_flight", -1, 0)
         state:set("last_arrival", ngx.now())
