@@ -29,6 +29,22 @@ def _token(kind: tokens.Kind, args: argparse.Namespace, url: str) -> tokens.Toke
     return tokens.resolve(kind, args.token, args.key_file, default_key_file=is_loopback(url), url=url)
 
 
+def _refuse_python_runtime(args: argparse.Namespace, url: str) -> None:
+    """UsageError when nothing recorded serves the management URL but the config's inference port is a python
+    runtime's (serving start --runtime python), which has no management API."""
+    from torchserve_api.instances import for_address
+
+    from .api import default_endpoints
+
+    if for_address(url) is not None:
+        return
+    record = for_address(default_endpoints(args.config).inference)
+    if record is not None and record.runtime == "python":
+        raise cli_common.UsageError(f"{record.describe()} serves {default_endpoints(args.config).inference} and has no "
+                                    "management API: status, list, register, set-default, unregister and scale need "
+                                    "TorchServe (python -m serving stop, then python -m serving start)")
+
+
 def _client(args: argparse.Namespace) -> Any:
     from .api import EmbeddingClient, check_address, default_url
 
@@ -121,6 +137,7 @@ def lifecycle(args: argparse.Namespace) -> int:
     from .rest import check_url
 
     url = check_url(args.url) if args.url else default_endpoints(args.config).management
+    _refuse_python_runtime(args, url)
     with ManagementClient(url, model=args.model_name, token=_token("management", args, url), timeout=args.timeout,
                           retries=args.retries, config=args.config) as mgmt:
         if args.command == "status":

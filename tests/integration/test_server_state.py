@@ -197,6 +197,12 @@ def test_the_python_runtime_is_started_found_and_stopped_as_torchserve_is(store,
         assert refused.returncode == 1
         assert refused.stderr.strip() == f"serving: error: python runtime pid {record.pid} of {workdir} is running; " \
                                          "stop it first"
+        status = subprocess.run([sys.executable, "-m", "client", "status", "--config", config], cwd=instance.workdir,
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert status.returncode == 2 and status.stdout == ""
+        assert status.stderr.strip() == f"client: error: python runtime pid {record.pid} of {workdir} serves {url} " \
+            "and has no management API: status, list, register, set-default, unregister and scale need TorchServe " \
+            "(python -m serving stop, then python -m serving start)"
 
         stopped = serving(env, elsewhere, "--config", config, "--workdir", str(elsewhere / "empty"), "stop")
         assert stopped.returncode == 0, stopped.stderr
