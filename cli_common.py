@@ -20,6 +20,9 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_CODES = "exit status: 0 done, 1 failed, 2 usage error, 130 interrupted"
+# Options whose value may start with "-": argparse would take `--token -ACLndlw` for a missing value followed by an
+# unknown flag. TorchServe's keys are URL-safe base64, so one in 64 starts with "-".
+DASH_VALUE_OPTIONS = ("--token",)
 
 
 class UsageError(Exception):
@@ -57,8 +60,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def,override]
+        args = glue_dash_values(sys.argv[1:] if args is None else list(args), self._flags())
         self._share_options_with_subcommands()
         return super().parse_known_args(args, namespace)
+
+    def _flags(self) -> set[str]:
+        """Every option string of this parser and its subcommands'."""
+        flags = set(self._option_string_actions)
+        for group in self._actions:
+            if isinstance(group, argparse._SubParsersAction):
+                for sub in group.choices.values():
+                    flags |= sub._flags() if isinstance(sub, Parser) else set(sub._option_string_actions)
+        return flags
 
     def _share_options_with_subcommands(self) -> None:
         """An option of the command is also accepted after its subcommand (`serving start --config X`), where it
@@ -78,6 +91,19 @@ class Parser(argparse.ArgumentParser):
                         clone.required = False
                         sub._add_action(clone)
                 sub._shared_options = True  # type: ignore[attr-defined]
+
+
+def glue_dash_values(argv: list[str], flags: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    """`argv` with each `OPTION VALUE` of DASH_VALUE_OPTIONS whose value starts with "-" (and is none of `flags`,
+    the parser's own options: `--token --config X` stays a missing token) written `OPTION=VALUE`."""
+    glued: list[str] = []
+    for item in argv:
+        if glued and glued[-1] in DASH_VALUE_OPTIONS and item.startswith("-") and item.split("=")[0] not in flags \
+                and item != "--" and "--" not in glued:
+            glued[-1] = f"{glued[-1]}={item}"
+        else:
+            glued.append(item)
+    return glued
 
 
 def one_line(text: object) -> str:

@@ -150,7 +150,11 @@ def test_prometheus_agrees_with_the_metrics_endpoint(two_versions, prometheus_ur
         assert report["baseline"] == direct[version]["baseline"]
         assert report["drifted"] == direct[version]["drifted"]
         assert report["top1_mean"] == pytest.approx(direct[version]["top1_mean"], rel=0.05)
-        assert report["answered"] == pytest.approx(SENT[version], rel=0.15)  # increase() extrapolates a little
+        assert SENT[version] <= report["answered"] <= 1.5 * SENT[version]
+    # increase() extrapolates to the window's edges, by up to a scrape interval over a series a few seconds old: the
+    # counts come out a little high, both by the same factor (the same target, scraped at the same instants)
+    ratio = reports["2.0"]["answered"] / reports["1.0"]["answered"]
+    assert ratio == pytest.approx(SENT["2.0"] / SENT["1.0"], rel=0.05)
     code = client_main(["drift", "--prometheus", prometheus_url, "--window", "5m", "--model-version", "2.0"])
     out = capsys.readouterr().out
     assert code == 10 and out.startswith(f"model embedding version 2.0 via {prometheus_url}")

@@ -1,4 +1,5 @@
-"""cli_common.Parser: options of a command are accepted before and after its subcommand."""
+"""cli_common.Parser: options of a command are accepted before and after its subcommand, and a token that starts
+with "-" is a token."""
 
 from __future__ import annotations
 
@@ -16,9 +17,24 @@ def _parser() -> Parser:
     sub = p.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start")
     start.add_argument("--timeout", type=float, default=5.0)
+    start.add_argument("--token")
     own = sub.add_parser("own")
     own.add_argument("--config", default="own-default")
     return p
+
+
+@pytest.mark.parametrize("argv", [["start", "--token", "-ACLndlw"], ["start", "--token=-ACLndlw"],
+                                  ["start", "--token", "-ACLndlw", "--timeout", "2"]])
+def test_a_token_that_starts_with_a_dash_is_taken_as_the_token(argv):
+    """TorchServe's keys are URL-safe base64: one in 64 starts with "-" (a CI run drew one)."""
+    assert _parser().parse_args(argv).token == "-ACLndlw"
+
+
+@pytest.mark.parametrize("argv", [["start", "--token", "--timeout", "2"], ["start", "--token"]])
+def test_a_missing_token_is_still_a_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _parser().parse_args(argv)
+    assert exit_.value.code == 2 and "--token: expected one argument" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--config", "x.properties", "start"], ["start", "--config", "x.properties"]])
