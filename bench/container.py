@@ -46,6 +46,7 @@ from typing import Any
 import yaml
 
 from client import ClientError, ManagementClient
+from handler.metadata import ModelMetadata
 from pipeline.kserve_deploy import API_KEY_ENV, INFERENCE_PORT, METRICS_PORT, TORCHSERVE_METRICS_PORT, stage_layout
 from serving.archive import build_mar
 from settings import DEFAULT_ARTIFACTS, MODEL_NAME, MODEL_VERSION, REPO
@@ -337,11 +338,11 @@ def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -
     load (other work shares it) does not all land on one server.
     """
     artifacts = gallery_artifacts(name)
-    meta = json.loads((artifacts / "metadata.json").read_text())
+    meta = ModelMetadata.read(artifacts)
     mnt = stage(artifacts, root / name)
     bodies = request_bodies(artifacts)
-    result: dict[str, Any] = {"artifacts": str(artifacts), "dataset": meta.get("dataset", {}).get("name"),
-                              "gallery_size": meta["index"]["size"], "index": meta["index"]["type"],
+    result: dict[str, Any] = {"artifacts": str(artifacts), "dataset": meta.dataset_name,
+                              "gallery_size": meta.index["size"], "index": meta.index["type"],
                               "mar_mb": round(next((mnt / "model-store").glob("*.mar")).stat().st_size / 1e6, 2)}
     starts = []
     errors = []

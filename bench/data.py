@@ -22,6 +22,7 @@ import torch
 
 from handler import preprocessing
 from handler.artifacts import INDEX_FILE, METADATA_FILE, MODEL_FILE
+from handler.metadata import ModelMetadata
 from handler.search import gallery_vectors as stored_vectors
 from serving.samples import user_digit_png
 
@@ -56,13 +57,13 @@ class ServingData:
     setup: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
-        meta = json.loads((self.artifacts / METADATA_FILE).read_text())
+        meta = ModelMetadata.read(self.artifacts)
         return {"name": self.name, "description": self.description,
                 "artifacts": str(self.artifacts), "variants": {k: str(p) for k, p in self.variants.items()},
                 "gallery_size": len(self.gallery), "dim": int(self.gallery.shape[1]),
                 "queries": len(self.queries), "request_images": len(self.images),
                 "mean_request_bytes": float(np.mean([len(b) for b in self.images])),
-                "accuracy": meta.get("metrics", {}).get("accuracy"), "dataset": meta.get("dataset", {}).get("name"),
+                "accuracy": meta.metrics.accuracy, "dataset": meta.dataset_name,
                 "setup": self.setup}
 
 
@@ -149,14 +150,13 @@ def serving_data(artifacts: Path | None, cache_dir: Path, quick: bool, n_images:
         if artifacts is None:
             raise ValueError("no artifacts: pass --artifacts DIR (e.g. artifacts/ from ./archive.sh)")
         primary, variants, setup = Path(artifacts), {}, {"cached": True}
-        meta = json.loads((primary / METADATA_FILE).read_text())
-        dataset = meta.get("dataset", {}).get("name", "unknown")
-        name = f"{dataset}-{meta['index']['size'] // 1000}k"
-        description = f"artifacts {artifacts} ({dataset}, {meta['index']['type']} index of {meta['index']['size']} images)"
+        meta = ModelMetadata.read(primary)
+        dataset = meta.dataset_name or "unknown"
+        name = f"{dataset}-{meta.index['size'] // 1000}k"
+        description = f"artifacts {artifacts} ({dataset}, {meta.index['type']} index of {meta.index['size']} images)"
         if not quick and not FASHION_DIR.is_dir():
             description += "; Debian's dataset-fashion-mnist is missing, so no 60k Fashion-MNIST gallery"
-    meta = json.loads((primary / METADATA_FILE).read_text())
-    held_out = _held_out_images(meta.get("dataset", {}).get("name", ""))
+    held_out = _held_out_images(ModelMetadata.read(primary).dataset_name)
     images = [user_digit_png(img, REQUEST_SCALE) for img in held_out[:n_images]]
     queries = embed_images(primary, held_out[:n_queries])
     return ServingData(name, description, primary, variants, images, gallery_vectors(primary), queries, setup)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import secrets
 import shutil
 import sys
@@ -24,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from handler.metadata import ModelMetadata
 from serving.archive import ArchiveError
 from settings import DEFAULT_ARTIFACTS, cache_root
 from serving.server import ServerError, free_ports
@@ -250,7 +250,7 @@ def measure_peer(settings: Settings, data: ServingData, cfg: PeerConfig, log_fil
 def sample_dataset(artifacts: Path) -> str | None:
     """The dataset an artifact directory was trained on, if it holds a build."""
     try:
-        return json.loads((artifacts / "metadata.json").read_text())["dataset"]["name"]
+        return ModelMetadata.read(artifacts).dataset_name
     except (OSError, ValueError, KeyError):
         return None
 

@@ -10,13 +10,14 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .metadata import METADATA_FILE, SWITCH_SECTION, ArtifactError, ModelMetadata, read_metadata
+
 if TYPE_CHECKING:
     from .search import EnrolledSwitch
 
 MODEL_FILE = "model.pt"
 INDEX_FILE = "index.faiss"
 LABELS_FILE = "labels.json"
-METADATA_FILE = "metadata.json"
 #: Per gallery item, where training took it from: {"kind": "file" | "dataset_index", "ids": [...]}.
 SOURCES_FILE = "sources.json"
 #: The same network as model.pt exported to ONNX, for the optional onnxruntime runtime (handler.runtime).
@@ -28,10 +29,6 @@ CHECKSUMMED = (MODEL_FILE, INDEX_FILE, LABELS_FILE)
 OPTIONAL_CHECKSUMMED = (SOURCES_FILE, ONNX_FILE)
 #: What a neighbour's source id is called in answers, per kind of sources.json.
 SOURCE_KEYS = {"file": "file", "dataset_index": "dataset_index"}
-
-
-class ArtifactError(Exception):
-    """Artifacts are missing, inconsistent or tampered with; the message is one line."""
 
 
 def path_identity(path: Path) -> tuple[int, int] | None:
@@ -60,17 +57,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def read_metadata(directory: Path) -> dict[str, Any]:
-    path = Path(directory) / METADATA_FILE
-    if not path.is_file():
-        raise ArtifactError(f"{path}: missing")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{path}: not valid JSON ({exc})") from None
-
-
-def open_set_settings(metadata: dict[str, Any]) -> dict[str, Any]:
+def open_set_settings(metadata: ModelMetadata) -> dict[str, Any]:
     """The served open-set rule: {"score", "kth", "threshold", "prototypes"} from metadata.json's "open_set".
 
     Artifacts trained before that section existed carry only "threshold", a top-1 distance: they are served as
@@ -78,11 +65,7 @@ def open_set_settings(metadata: dict[str, Any]) -> dict[str, Any]:
     """
     from .search import OPEN_SET_SCORES
 
-    section = metadata.get("open_set")
-    if section is None:
-        return {"score": "top1_distance", "kth": 1, "threshold": metadata.get("threshold"), "prototypes": None}
-    if not isinstance(section, dict):
-        raise ArtifactError(f"{METADATA_FILE}: \"open_set\" must be an object")
+    section = metadata.open_set
     score, kth, threshold = section.get("score"), section.get("kth", 1), section.get("threshold")
     if score not in OPEN_SET_SCORES:
         raise ArtifactError(f"{METADATA_FILE}: open-set score {score!r} is not one this handler implements "
@@ -106,11 +89,11 @@ def open_set_settings(metadata: dict[str, Any]) -> dict[str, Any]:
             "prototypes": prototypes}
 
 
-def verify_artifacts(directory: Path) -> dict[str, Any]:
+def verify_artifacts(directory: Path) -> ModelMetadata:
     """Check every checksummed file against metadata.json; return the metadata when all match."""
     directory = Path(directory)
     metadata = read_metadata(directory)
-    recorded = metadata.get("sha256", {})
+    recorded = metadata.sha256
     for name in CHECKSUMMED:
         path = directory / name
         if not path.is_file():
@@ -137,21 +120,20 @@ def verify_artifacts(directory: Path) -> dict[str, Any]:
     return metadata
 
 
-def quantization(metadata: dict[str, Any]) -> str:
+def quantization(metadata: ModelMetadata) -> str:
     """``int8`` when model.pt is the quantized network (``python -m training --quantize int8``), else ``none``."""
-    recorded = (metadata.get("training") or {}).get("quantization") or {}
-    return str(recorded.get("scheme", "none"))
+    return str(metadata.quantization.get("scheme", "none"))
 
 
-def artifact_files(metadata: dict[str, Any]) -> tuple[str, ...]:
+def artifact_files(metadata: ModelMetadata) -> tuple[str, ...]:
     """The checksummed files these artifacts hold: the required ones, and the optional ones they record."""
-    recorded = metadata.get("sha256", {})
+    recorded = metadata.sha256
     return (*CHECKSUMMED, *(name for name in OPTIONAL_CHECKSUMMED if name in recorded))
 
 
-def read_sources(directory: Path, metadata: dict[str, Any], size: int) -> tuple[str, list[str | int]] | None:
+def read_sources(directory: Path, metadata: ModelMetadata, size: int) -> tuple[str, list[str | int]] | None:
     """(kind, one id per gallery item) from a verified sources.json; None for artifacts without one."""
-    if SOURCES_FILE not in metadata.get("sha256", {}):
+    if SOURCES_FILE not in metadata.sha256:
         return None
     path = Path(directory) / SOURCES_FILE
     try:
@@ -170,19 +152,17 @@ def read_sources(directory: Path, metadata: dict[str, Any], size: int) -> tuple[
     return kind, ids
 
 
-def enrolled_switch(metadata: dict[str, Any]) -> EnrolledSwitch | None:
+def enrolled_switch(metadata: ModelMetadata) -> EnrolledSwitch | None:
     """The enrolled-class switch metadata.json records, or None (galleries without enrolled classes, and those
     enrolled before the switch existed: they answer by the vote alone). A malformed section is an ArtifactError."""
     import numpy as np
 
-    from .search import SWITCH_RULE, SWITCH_SECTION, EnrolledSwitch
+    from .search import SWITCH_RULE, EnrolledSwitch
 
-    section = metadata.get(SWITCH_SECTION)
+    section = metadata.enrolled_switch
     if section is None:
         return None
     where = f"{METADATA_FILE}: {SWITCH_SECTION}"
-    if not isinstance(section, dict):
-        raise ArtifactError(f"{where} must be an object")
     if section.get("rule") != SWITCH_RULE:
         raise ArtifactError(f"{where}.rule {section.get('rule')!r} is not one this handler implements ({SWITCH_RULE})")
     labels, enrolled, tau = section.get("labels"), section.get("enrolled"), section.get("tau")

@@ -7,7 +7,7 @@ JPEG luma: colour (YCbCr) JPEGs are decoded straight to grayscale (``draft("L")`
 without chroma IDCT, upsampling or colour conversion, about 40% less time than decoding to RGB and converting, on
 640x480 photos). Y is the ITU-R 601 luma ``convert("L")`` computes up to the RGB's rounding, so a pixel moves by at
 most one level (more where RGB clips), and the crop only where a pixel at the ink threshold moves
-(tests/unit/test_preprocessing_fast.py pins this down; bench.preprocess measures held-out accuracy both ways).
+(tests/unit/test_preprocessing.py pins this down; bench.preprocess measures held-out accuracy both ways).
 Only rotated images are copied by the EXIF step.
 """
 

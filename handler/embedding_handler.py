@@ -101,7 +101,7 @@ class EmbeddingHandler(BaseHandler):
         self.context = context
         self.initialized = True
         meta = self.service.metadata
-        self._baseline = baseline_values(meta)
+        self._baseline = baseline_values(meta.drift_baseline)
         #: Counters this worker has sent (handler.ts_metrics.batch_metric_lines leaves out their 0 increments).
         self._counters_sent: set[tuple[str, str, str]] = set()
         self._baseline_sent = float("-inf")
@@ -112,9 +112,9 @@ class EmbeddingHandler(BaseHandler):
         self._baseline_sent = float("-inf")  # and again with the first batch, in case the load-time one was lost
         logger.info("loaded %s on %s (%s): gallery %d x %d (%s), k=%d, unknown when %s > %.4f, accuracy %.4f, "
                     "threads %d", context.model_name, device, self.service.runtime, self.service.searcher.index.ntotal, self.service.searcher.dim,
-                    meta["index"]["type"], self.service.searcher.k, self.service.searcher.score,
+                    meta.index.get("type"), self.service.searcher.k, self.service.searcher.score,
                     float("nan") if self.service.searcher.threshold is None else self.service.searcher.threshold,
-                    meta["metrics"]["accuracy"], torch.get_num_threads())
+                    meta.metrics.accuracy, torch.get_num_threads())
 
     def preprocess(self, data):
         """Rows -> requests (TorchServe, JSON, form and KServe bodies) -> image tensors, as training made them."""

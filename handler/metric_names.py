@@ -30,10 +30,9 @@ BASELINE_METRICS = {
 }
 
 
-def baseline_values(metadata: dict) -> dict[str, float]:
-    """{metric name: value} from metadata.json's drift baseline; empty when the artifacts have none (or a
-    malformed one)."""
-    baseline = metadata.get("drift_baseline")
+def baseline_values(baseline: dict | None) -> dict[str, float]:
+    """{metric name: value} from metadata.json's drift baseline (ModelMetadata.drift_baseline); empty when the
+    artifacts have none (or a malformed one)."""
     if not isinstance(baseline, dict):
         return {}
     values = {}

@@ -192,10 +192,9 @@ def training_defaults(name: str) -> dict[str, Any]:
     return asdict(ENTRIES[name].training)
 
 
-def profile_of(metadata: Mapping[str, Any]) -> Profile:
-    """The profile a model's metadata.json records. Metadata from before profiles (no ``profile`` key) is
-    ``digits``; an unknown name or another version raises ProfileError (one line)."""
-    recorded = metadata.get("preprocessing") or {}
+def profile_of(recorded: Mapping[str, Any]) -> Profile:
+    """The profile of a model's recorded preprocessing (ModelMetadata.preprocessing). A record from before profiles
+    (no ``profile`` key) is ``digits``; an unknown name or another version raises ProfileError (one line)."""
     name = recorded.get("profile", "digits")
     if name not in PROFILES:
         raise ProfileError(f"artifacts were built with preprocessing profile {name!r}, this handler implements "

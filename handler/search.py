@@ -14,9 +14,6 @@ import numpy as np
 from .answer import NO_NEIGHBOURS, UNLIKE_ANY_CLASS, Answer, Neighbour
 
 DEFAULT_K = 5
-#: metadata.json's section holding the enrolled-class switch (:class:`EnrolledSwitch`); written by
-#: ``python -m training enroll`` for a gallery with classes the network was not trained on.
-SWITCH_SECTION = "enrolled_switch"
 #: The one switch rule this handler implements (metadata.json's ``enrolled_switch.rule``).
 SWITCH_RULE = "mahalanobis_gap"
 #: Open-set scores (higher = less like the gallery), by the name metadata.json records under "open_set":

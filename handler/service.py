@@ -25,6 +25,7 @@ from .artifacts import (
     verify_artifacts,
 )
 from .answer import NO_INK, SEVERAL_DIGITS, Answer, Refusal, Result
+from .metadata import ModelMetadata
 from .preprocessing import DEFAULT_MAX_PIXELS, InvalidImageError, ProfileError, is_blank, profile_of
 from .requests import RequestError
 from .search import GallerySearcher
@@ -61,7 +62,7 @@ class OnnxModel:
         return self.session.run(None, {self.input: np.ascontiguousarray(batch, dtype=np.float32)})[0]
 
 
-def load_model(model_dir: Path, metadata: dict, device: str = "cpu", runtime: str = DEFAULT_RUNTIME,
+def load_model(model_dir: Path, metadata: ModelMetadata, device: str = "cpu", runtime: str = DEFAULT_RUNTIME,
                threads: int | None = None) -> "torch.jit.ScriptModule | OnnxModel":
     """The network of verified artifacts in `runtime`. onnxruntime: refused (ArtifactError, one line) on CUDA,
     for artifacts without model.onnx, or without onnxruntime installed; ``threads`` intra-op threads (None or 0:
@@ -74,7 +75,7 @@ def load_model(model_dir: Path, metadata: dict, device: str = "cpu", runtime: st
             raise ArtifactError(f"{Path(model_dir) / MODEL_FILE}: an {scheme} model (training --quantize {scheme}) runs "
                                 f"on the CPU only, not on {device} (set handler.device: cpu or auto, or train the "
                                 "float model with --quantize none)")
-        engine = str(metadata["training"]["quantization"].get("engine", ""))
+        engine = str(metadata.quantization.get("engine", ""))
         if engine not in torch.backends.quantized.supported_engines:
             raise ArtifactError(f"{Path(model_dir) / MODEL_FILE}: quantized for the {engine!r} engine, which this torch "
                                 f"build lacks (it has {', '.join(torch.backends.quantized.supported_engines)})")
@@ -86,7 +87,7 @@ def load_model(model_dir: Path, metadata: dict, device: str = "cpu", runtime: st
         if scheme != "none":
             raise ArtifactError(f"{Path(model_dir) / ONNX_FILE}: an {scheme} model has none (its model.pt serves; use "
                                 "runtime torchscript, or train the float model with --quantize none)")
-        if ONNX_FILE not in metadata.get("sha256", {}):
+        if ONNX_FILE not in metadata.sha256:
             raise ArtifactError(f"{Path(model_dir) / ONNX_FILE}: missing, these artifacts were trained without "
                                 "onnx/onnxruntime (handler.runtime=onnxruntime needs it; use runtime torchscript)")
         return OnnxModel(Path(model_dir) / ONNX_FILE, threads or torch.get_num_threads())
@@ -144,7 +145,7 @@ def with_embedding(answer: Answer, embedding: np.ndarray, gallery_ids: np.ndarra
 class EmbeddingService:
     """Verified artifacts loaded once; answers a batch of image payloads with one forward and one search."""
 
-    def __init__(self, model: "torch.jit.ScriptModule | OnnxModel", searcher: GallerySearcher, metadata: dict,
+    def __init__(self, model: "torch.jit.ScriptModule | OnnxModel", searcher: GallerySearcher, metadata: ModelMetadata,
                  device: str = "cpu", max_pixels: int = DEFAULT_MAX_PIXELS,
                  sources: tuple[str, Sequence[str | int]] | None = None) -> None:
         self.model = model
@@ -153,7 +154,7 @@ class EmbeddingService:
         self.searcher = searcher
         self.metadata = metadata
         #: The preprocessing the model was trained with (raises ProfileError for one this code does not know).
-        self.profile = profile_of(metadata)
+        self.profile = profile_of(metadata.preprocessing)
         self.device = torch.device(device)
         self.max_pixels = max_pixels
         #: (kind, id per gallery item) recorded by training; None for artifacts older than sources.json.
@@ -180,17 +181,17 @@ class EmbeddingService:
         model_dir = Path(model_dir)
         metadata = verify_artifacts(model_dir)
         try:
-            profile_of(metadata)
+            profile_of(metadata.preprocessing)
         except ProfileError as exc:
             raise ArtifactError(str(exc)) from None
         open_set = open_set_settings(metadata)
         switch = enrolled_switch(metadata)
         model = load_model(model_dir, metadata, device, runtime, threads)
         searcher = GallerySearcher.from_files(
-            model_dir / INDEX_FILE, model_dir / LABELS_FILE, k=k or metadata["k"],
+            model_dir / INDEX_FILE, model_dir / LABELS_FILE, k=k or metadata.k,
             threshold=open_set["threshold"], score=open_set["score"], kth=open_set["kth"],
             prototypes=open_set["prototypes"], switch=switch,
-            search_params=metadata["index"].get("search_params"),
+            search_params=metadata.index.get("search_params"),
         )
         sources = read_sources(model_dir, metadata, searcher.index.ntotal)
         return cls(model, searcher, metadata, device, max_pixels, sources)

@@ -101,13 +101,13 @@ def evaluate(dataset: Input[Dataset], artifacts: Input[Model], k: int, open_set_
     metadata = evaluate_and_finalize(data, out, k, score=open_set_score, kth=kth)
     result = json.loads((out / METRICS_FILE).read_text())
     history = json.loads((out / TRAIN_FILE).read_text())["history"]
-    accuracy = metadata["metrics"]["accuracy"]
+    accuracy = metadata.metrics.accuracy
     metrics.log_metric("accuracy", accuracy)
-    metrics.log_metric("threshold", metadata["threshold"])
-    metrics.log_metric("open_set_rejection", metadata["metrics"]["open_set_rejection"])
+    metrics.log_metric("threshold", metadata.threshold)
+    metrics.log_metric("open_set_rejection", metadata.metrics.open_set_rejection)
     confusion.log_confusion_matrix(list(data.classes), result["confusion_matrix"])
     Path(report.path).write_text(render_report(metadata, result, history))
-    evaluated.metadata.update({"accuracy": accuracy, "threshold": metadata["threshold"]})
+    evaluated.metadata.update({"accuracy": accuracy, "threshold": metadata.threshold})
     return accuracy
 
 
@@ -138,10 +138,10 @@ def archive(artifacts: Input[Model], model_name: str, model_version: str, mar: O
     from serving.archive import build_mar
 
     path = build_mar(Path(artifacts.path), Path(mar.path), model_name, model_version)
-    metrics = read_metadata(Path(artifacts.path))["metrics"]
+    metrics = read_metadata(Path(artifacts.path)).metrics
     mar.metadata.update({"model_name": model_name, "version": model_version, "mar_name": path.name,
                          "sha256": sha256_file(path), "size_bytes": path.stat().st_size,
-                         "accuracy": metrics["accuracy"], "open_set_rejection": metrics["open_set_rejection"]})
+                         "accuracy": metrics.accuracy, "open_set_rejection": metrics.open_set_rejection})
 
 
 @component
@@ -178,10 +178,10 @@ def compare_with_deployed(evaluated: Input[Model], model_name: str, namespace: s
     from pipeline.kserve_deploy.api import resolve_namespace
     from settings import service_name_for
 
-    metrics = read_metadata(Path(evaluated.path))["metrics"]
+    metrics = read_metadata(Path(evaluated.path)).metrics
     name = service_name or service_name_for(model_name)
-    decision = decide(metrics["accuracy"], resolve_namespace(namespace), name, allow_unknown_current)
-    Path(report.path).write_text(gate_report(decision, metrics["accuracy"], metrics["open_set_rejection"]))
+    decision = decide(metrics.accuracy, resolve_namespace(namespace), name, allow_unknown_current)
+    Path(report.path).write_text(gate_report(decision, metrics.accuracy, metrics.open_set_rejection))
     print(decision.reason)
     return "deploy" if decision.deploy else "skip"
 

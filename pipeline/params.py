@@ -19,6 +19,7 @@ from settings import (DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL
                       PVC_MOUNT_DEFAULT)
 from serving.archive import MODEL_VERSION_PATTERN, MODEL_VERSION_RULE
 from training.data import SOURCE_FORMS, source_problem
+from training.data.sources import pvc_claim
 from training.params import TRAINING_PARAMS
 
 from .kserve_deploy.manifest import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
@@ -136,8 +137,8 @@ def validate(values: dict[str, Any]) -> dict[str, Any]:
     if out["deploy_target"] == "kserve" and not out["kserve_storage_uri"]:
         raise ParamError("deploy_target=kserve needs kserve_storage_uri (an s3://, gs:// or pvc:// URI)")
     uri = out["kserve_storage_uri"]
-    if uri.startswith("pvc://"):
-        claim = uri[len("pvc://"):].split("/", 1)[0]
+    claim = pvc_claim(uri)
+    if claim is not None:
         if out["kserve_pvc_claim"] and out["kserve_pvc_claim"] != claim:
             raise ParamError(f"kserve_pvc_claim={out['kserve_pvc_claim']!r} but kserve_storage_uri names claim {claim!r}")
         out["kserve_pvc_claim"] = claim

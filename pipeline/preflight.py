@@ -10,6 +10,7 @@ from typing import Any
 
 from owned_paths import replaceable_dir
 from settings import CONFIG_FILE, SettingsError
+from training.data.sources import parse_source
 
 #: run-local's --workdir: the kfp.local pipeline root, one `mnist-embedding-<time>/` per run, the default serve
 #: workdir and the sample images (names of folders made before the marker existed).
@@ -24,19 +25,9 @@ class PreflightError(Exception):
     """A run-local that cannot finish as given; the message is one line naming the fix."""
 
 
-def local_data_path(source: str) -> Path | None:
-    """The local folder a data source reads (idx:DIR, folder:DIR or a bare DIR); None for the bundled sample,
-    downloads and storage URIs."""
-    layout, sep, rest = source.partition(":")
-    location = rest if sep and layout in ("idx", "folder") else source
-    if "://" in location or source == "mnist-sample" or source.startswith("download:"):
-        return None
-    return Path(location)
-
-
 def check_outputs(workdir: Path, serve_workdir: str, data_source: str) -> None:
     """The folders run-local writes replace nothing a user owns (cli_common.UsageError otherwise)."""
-    reads = [local_data_path(data_source)]
+    reads = [parse_source(data_source).local_path]
     replaceable_dir(workdir, RUNS_KIND, "--workdir", reads=reads, known=RUNS_KNOWN)
     if serve_workdir:
         replaceable_dir(Path(serve_workdir), SERVE_KIND, "--serve-workdir", reads=reads, known=SERVE_KNOWN)
@@ -45,7 +36,7 @@ def check_outputs(workdir: Path, serve_workdir: str, data_source: str) -> None:
 def check_run(values: dict[str, Any]) -> None:
     """PreflightError for the first thing that would make the run fail after training; `values` are validated
     run parameters with serve_workdir and serve_config resolved."""
-    data = local_data_path(values["data_source"])
+    data = parse_source(values["data_source"]).local_path
     if data is not None and not data.is_dir():
         raise PreflightError(f"data_source {values['data_source']}: {data} is not a folder")
     if values["deploy_target"] == "local":

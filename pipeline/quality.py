@@ -10,7 +10,8 @@ lacks fails it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from handler.metadata import ModelMetadata
 
 #: (figure, what it is, the run parameter holding its minimum), in the order reports list them.
 FIGURES = (
@@ -20,11 +21,10 @@ FIGURES = (
 )
 
 
-def figures(metadata: dict[str, Any]) -> dict[str, float | None]:
+def figures(metadata: ModelMetadata) -> dict[str, float | None]:
     """The gated figures of an evaluated model's metadata.json (None where it has none)."""
-    metrics = metadata.get("metrics") or {}
-    calibration = (metadata.get("open_set") or {}).get("calibration") or {}
-    found = {"accuracy": metrics.get("accuracy"), "open_set_rejection": metrics.get("open_set_rejection"),
+    calibration = metadata.open_set.get("calibration") or {}
+    found = {"accuracy": metadata.metrics.accuracy, "open_set_rejection": metadata.metrics.open_set_rejection,
              "digits_accepted": calibration.get("accepted_cross_fitted")}
     return {name: float(value) if isinstance(value, (int, float)) else None for name, value in found.items()}
 
@@ -65,7 +65,7 @@ class Verdict:
         return f"## Quality gate: {verdict}\n\n| figure | model | minimum | |\n|---|---|---|---|\n{rows}\n"
 
 
-def judge(metadata: dict[str, Any], minimums: dict[str, float]) -> Verdict:
+def judge(metadata: ModelMetadata, minimums: dict[str, float]) -> Verdict:
     """Each figure of `metadata` against `minimums` (run parameter name -> minimum)."""
     found = figures(metadata)
     return Verdict(tuple(Check(name, what, found[name], float(minimums[param])) for name, what, param in FIGURES))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from handler.artifacts import quantization
+from handler.metadata import ModelMetadata
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -13,17 +14,16 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return lines + [""]
 
 
-def render_report(metadata: dict, metrics: dict, history: Sequence[dict]) -> str:
+def render_report(metadata: ModelMetadata, metrics: dict, history: Sequence[dict]) -> str:
     """Markdown from metadata.json, metrics.json and train.json's per-epoch history."""
-    dataset, index, training = metadata["dataset"], metadata["index"], metadata["training"]
+    dataset, index, training = metadata.dataset, metadata.index, metadata.training
     lines = [f"# Embedding model on {dataset['name']}", ""]
     lines += _table(("metric", "value"), [
-        ("held-out k-NN accuracy", f"{metadata['metrics']['accuracy']:.4f}"),
-        ("open-set rejection (synthetic non-digits)", f"{metadata['metrics']['open_set_rejection']:.3f}"),
-        (f"unknown threshold ({metadata.get('open_set', {}).get('score', 'top1_distance')})",
-         f"{metadata['threshold']:.4f}"),
+        ("held-out k-NN accuracy", f"{metadata.metrics.accuracy:.4f}"),
+        ("open-set rejection (synthetic non-digits)", f"{metadata.metrics.open_set_rejection:.3f}"),
+        (f"unknown threshold ({metadata.open_set.get('score', 'top1_distance')})", f"{metadata.threshold:.4f}"),
         ("train / test images", f"{dataset['train']} / {dataset['test']}"),
-        ("embedding dim, k", f"{metadata['embedding_dim']}, {metadata['k']}"),
+        ("embedding dim, k", f"{metadata.embedding_dim}, {metadata.k}"),
         ("gallery index", f"{index['type']} ({index['size']} vectors)"),
         ("training time", f"{training['train_seconds']:.1f} s"),
         ("model", "int8 convolutions (--quantize int8), CPU serving only"

@@ -24,7 +24,7 @@ from owned_paths import replaceable_file, starts_with
 from settings import DEFAULT_DATA_SOURCE, DEFAULT_THREADS, cache_root, env_threads
 
 from .data import SOURCE_FORMS, source_problem
-from .outputs import artifacts_folder, is_eval_result, source_path, source_reads
+from .outputs import artifacts_folder, is_eval_result, source_reads
 from .params import TRAINING_PARAMS, train_config
 
 DEFAULT_OUT = Path("artifacts")
@@ -153,7 +153,7 @@ def enroll_main(argv: list[str]) -> int:
         input_dir(args.artifacts, "--artifacts")
         output_dir(args.out, "--out")
         # --artifacts itself: enroll_artifacts refuses an --out equal to or nested with it, first thing, by name
-        artifacts_folder(args.out, reads=[source_path(args.data_source),
+        artifacts_folder(args.out, reads=[*source_reads(args.data_source),
                                           *source_reads(args.calibration_data, args.cache_dir)])
     except UsageError as exc:
         return fail(f"python -m {prog}", exc, EXIT_USAGE)
@@ -283,11 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("training: interrupted; previous artifacts left untouched", file=sys.stderr)
         return EXIT_INTERRUPTED
-    m = metadata["metrics"]
+    m = metadata.metrics
     model = "int8" if quantization(metadata) == "int8" else "float"
-    print(f"wrote {args.out}/ ({model} model): accuracy {m['accuracy']:.4f}, open-set rejection "
-          f"{m['open_set_rejection']:.3f}, threshold {metadata['threshold']:.4f}, trained in "
-          f"{metadata['training']['train_seconds']:.0f}s")
+    print(f"wrote {args.out}/ ({model} model): accuracy {m.accuracy:.4f}, open-set rejection "
+          f"{m.open_set_rejection:.3f}, threshold {metadata.threshold:.4f}, trained in "
+          f"{metadata.training['train_seconds']:.0f}s")
     return 0
 
 

@@ -52,8 +52,8 @@ from handler.artifacts import (
     sha256_file,
     verify_artifacts,
 )
+from handler.metadata import Metrics, ModelMetadata
 from handler.search import (
-    SWITCH_SECTION,
     EnrolledSwitch,
     GallerySearcher,
     class_prototypes,
@@ -62,6 +62,7 @@ from handler.search import (
 
 from .build import staged_directory
 from .data import DataError, load_dataset
+from .data.sources import parse_source
 from .evaluate import (
     ACCEPT_QUANTILE,
     calibrate_threshold,
@@ -92,7 +93,7 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def check_artifacts(artifacts: Path) -> dict[str, Any]:
+def check_artifacts(artifacts: Path) -> ModelMetadata:
     """Metadata of `artifacts` once they verify and were built with this code's preprocessing."""
     try:
         metadata = verify_artifacts(artifacts)
@@ -100,9 +101,9 @@ def check_artifacts(artifacts: Path) -> dict[str, Any]:
         enrolled_switch(metadata)
     except ArtifactError as exc:
         raise EnrollError(f"{artifacts}: {_one_line(exc)}") from None
-    recorded = {"profile": preprocessing.DIGITS.name, **metadata.get("preprocessing", {})}  # older: digits
+    recorded = {"profile": preprocessing.DIGITS.name, **metadata.preprocessing}  # older: digits
     try:
-        current = preprocessing.profile_of(metadata).record()
+        current = preprocessing.profile_of(metadata.preprocessing).record()
     except preprocessing.ProfileError as exc:
         raise EnrollError(f"{artifacts}: {_one_line(exc)}") from None
     differing = [key for key, value in current.items() if recorded.get(key) != value]
@@ -136,15 +137,14 @@ def read_new_images(root: Path, holdout: float, seed: int = 0,
     return out
 
 
-def calibration_images(source: str, metadata: dict[str, Any], cache_dir: Path | None) -> tuple[np.ndarray, list[str]]:
+def calibration_images(source: str, metadata: ModelMetadata, cache_dir: Path | None) -> tuple[np.ndarray, list[str]]:
     """Held-out canvases and labels of the source DIR was trained on, restricted to its training classes."""
-    trained = metadata.get("dataset", {})
-    classes = [str(c) for c in trained.get("classes", [])]
-    profile = preprocessing.profile_of(metadata)
+    classes = metadata.classes
+    profile = preprocessing.profile_of(metadata.preprocessing)
     dataset = load_dataset(source, cache_dir, profile.name)
     keep = np.array([dataset.classes[int(y)] in classes for y in dataset.test_labels], dtype=bool)
     labels = [dataset.classes[int(y)] for y in dataset.test_labels[keep]]
-    expected = trained.get("test")
+    expected = metadata.dataset.get("test")
     if not keep.any() or (isinstance(expected, int) and keep.sum() != expected):
         raise DataError(f"--calibration-data {source}: its held-out split has {int(keep.sum())} images of the "
                         f"classes the artifacts were trained on, metadata.json records {expected}: not the data "
@@ -193,7 +193,7 @@ def fit_switch(vectors: np.ndarray, labels: list[str], trained: list[str],
     return EnrolledSwitch(tuple(names), tuple(enrolled), means, whitening, tau), float(np.mean(gaps > tau))
 
 
-def merged_sources(directory: Path, metadata: dict[str, Any], size: int, dataset_name: str,
+def merged_sources(directory: Path, metadata: ModelMetadata, size: int, dataset_name: str,
                    new_files: list[str]) -> tuple[dict[str, Any] | None, bool]:
     """The new sources.json ({"kind", "ids"}) and whether old ids were rewritten: new items are named by their
     file (``<label>/<name>``); a gallery whose items were dataset indexes gets its old ids written as
@@ -212,7 +212,7 @@ def merged_sources(directory: Path, metadata: dict[str, Any], size: int, dataset
 
 def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = False,
                      holdout: float = DEFAULT_HOLDOUT, calibration_data: str | None = None,
-                     cache_dir: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+                     cache_dir: Path | None = None, log: Callable[[str], None] = print) -> ModelMetadata:
     """Enroll folder `data` into a copy of `artifacts` published at `out`; return the new metadata."""
     artifacts, out = Path(artifacts), Path(out)
     started = time.perf_counter()
@@ -223,18 +223,19 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
         raise EnrollError(f"--out {out} is the --artifacts directory: enrollment never rewrites its input")
     if src in dst.parents or dst in src.parents:
         raise EnrollError(f"--out {out} and --artifacts {artifacts} are nested: publishing one would change the other")
-    if not data.startswith("folder:"):
+    parsed = parse_source(data)
+    if parsed.layout != "folder" or parsed.local_path is None:
         raise EnrollError(f"--data-source {data!r}: enroll reads labelled images from folder:DIR (DIR/<label>/*.png)")
-    root = Path(data.split(":", 1)[1])
+    root = parsed.local_path
     reads = [artifacts, root, *source_reads(calibration_data, cache_dir)]
     artifacts_folder(out, reads=reads)  # before any work; staged_directory checks again
     metadata = check_artifacts(artifacts)
-    dataset_name = str(metadata.get("dataset", {}).get("name", ""))
+    dataset_name = metadata.dataset_name
     calibration_data = calibration_data or (dataset_name if dataset_name == "mnist-sample" else None)
     if not calibration_data:
         raise EnrollError(f"{artifacts} was trained on {dataset_name!r}: pass --calibration-data with that source "
                           "so the open-set threshold is recalibrated on its held-out split")
-    profile = preprocessing.profile_of(metadata)
+    profile = preprocessing.profile_of(metadata.preprocessing)
     new = read_new_images(root, holdout, profile=profile)
     old_labels = [str(label) for label in json.loads((artifacts / LABELS_FILE).read_text())]
     existing = sorted(set(new) & set(old_labels))
@@ -262,11 +263,11 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
     labels = [*old_labels, *add_labels]
     vectors = np.concatenate([old_vectors, add_vectors]).astype(np.float32)
 
-    index_info = dict(metadata.get("index", {}))
+    index_info = dict(metadata.index)
     kind = index_info.get("type", "flat")
     build_started = time.perf_counter()
     if kind == "ivf":
-        index = build_index(vectors, "ivf", int(metadata.get("training", {}).get("config", {}).get("seed", 0)))
+        index = build_index(vectors, "ivf", metadata.seed)
         index_info["rebuilt"] = True
     else:
         index.add(np.ascontiguousarray(add_vectors, dtype=np.float32))
@@ -279,7 +280,7 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
     prototypes, names = None, None
     if score == "prototype_distance":
         names, prototypes = class_prototypes(vectors, labels)
-    searcher = GallerySearcher(index, labels, k=int(metadata["k"]), score=score, kth=kth, prototypes=prototypes,
+    searcher = GallerySearcher(index, labels, k=metadata.k, score=score, kth=kth, prototypes=prototypes,
                                search_params=index_info["search_params"])
     held = np.concatenate([cal_canvases, *held_canvases])
     held_y = [*cal_labels, *held_labels]
@@ -287,8 +288,7 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
     if kind != "flat":
         index_info["recall_at_1"] = recall_at_1(index, vectors, held_emb)
     n_cal = len(cal_labels)
-    trained_classes = [str(c) for c in metadata.get("dataset", {}).get("classes", [])]
-    fitted = fit_switch(vectors, labels, trained_classes, held_emb[:n_cal])
+    fitted = fit_switch(vectors, labels, metadata.classes, held_emb[:n_cal])
     switch_record = None
     if fitted is not None:
         searcher.switch, switched_share = fitted
@@ -309,7 +309,7 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
     }
     added = {label: int(len(item["gallery"])) for label, item in new.items()}
     held_out = {label: int(len(item["held_out"])) for label, item in new.items()}
-    open_set = dict(metadata.get("open_set") or {"score": score, "kth": kth})
+    open_set = dict(metadata.open_set)
     open_set.update(threshold=searcher.threshold, calibration={
         "split": "test+enroll_holdout", "n": int(len(scores)), "accept_quantile": ACCEPT_QUANTILE,
         "accepted_cross_fitted": accepted, "source": calibration_data, "source_test": n_cal,
@@ -325,13 +325,10 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
               "holdout": holdout, "added": added, "held_out": held_out,
               "new_labels": sorted(set(new) - set(old_labels)), "existing_labels": existing,
               "sources_rewritten": rewritten, "seconds": None}
-    new_meta = {**metadata, "created": record["created"], "index": index_info, "threshold": searcher.threshold,
-                "open_set": open_set, "metrics": {k: metrics[k] for k in ("accuracy", "open_set_rejection")},
-                "drift_baseline": baseline, "enrollment": [*metadata.get("enrollment", []), record]}
-    new_meta.pop("sha256", None)
-    new_meta.pop(SWITCH_SECTION, None)  # an earlier enrollment's: recomputed above for this gallery
-    if switch_record is not None:
-        new_meta[SWITCH_SECTION] = switch_record
+    new_meta = metadata.replace(created=record["created"], index=index_info, open_set=open_set,
+                                metrics=Metrics(metrics["accuracy"], metrics["open_set_rejection"]),
+                                drift_baseline=baseline, enrollment=(*metadata.enrollment, record),
+                                enrolled_switch=switch_record)  # an earlier enrollment's switch: recomputed above
     reads += source_reads(calibration_data, cache_dir)  # the recorded source, when it was not given
     with staged_directory(out, reads, "python -m training enroll") as staging:
         for name in COPIED:
@@ -344,12 +341,12 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
         (staging / INDEX_INFO_FILE).write_text(json.dumps(index_info, indent=2))
         (staging / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
         record["seconds"] = round(time.perf_counter() - started, 3)
-        onnx = [ONNX_FILE] if ONNX_FILE in metadata.get("sha256", {}) else []  # verified with DIR
+        onnx = [ONNX_FILE] if ONNX_FILE in metadata.sha256 else []  # verified with DIR
         for name in onnx:
             shutil.copy2(artifacts / name, staging / name)
         checksummed = [MODEL_FILE, INDEX_FILE, LABELS_FILE, *([SOURCES_FILE] if sources is not None else []), *onnx]
-        new_meta["sha256"] = {name: sha256_file(staging / name) for name in checksummed}
-        (staging / METADATA_FILE).write_text(json.dumps(new_meta, indent=2))
+        new_meta = new_meta.replace(sha256={name: sha256_file(staging / name) for name in checksummed})
+        new_meta.write(staging)
         verify_artifacts(staging)
     log(f"enrolled {sum(added.values())} images ({', '.join(f'{k}: {v}' for k, v in added.items())}) into "
         f"{index.ntotal} gallery items; {score} threshold {searcher.threshold:.4f} recalibrated on {len(scores)} "

@@ -295,7 +295,7 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
     searcher, metadata = service.searcher, service.metadata
     threshold = searcher.threshold
     dataset = load_dataset(data_source, profile=service.profile.name)
-    if list(dataset.classes) != metadata.get("dataset", {}).get("classes", list(dataset.classes)):
+    if "classes" in metadata.dataset and [str(c) for c in dataset.classes] != metadata.classes:
         raise ValueError(f"{data_source}: classes differ from the ones the artifacts were trained on")
     if threshold is None:
         raise ValueError(f"{artifacts}: metadata.json records no open-set threshold")
@@ -310,7 +310,7 @@ def evaluate_open_set(artifacts: Path, ood: Sequence[str] = OOD_SETS, data_sourc
         "score": searcher.score,
         "kth": searcher.kth,
         "threshold": threshold,
-        "seed": metadata.get("training", {}).get("config", {}).get("seed"),
+        "seed": (metadata.training.get("config") or {}).get("seed"),
         "digits": {"source": data_source, "n": int(len(accepted)), "accuracy": accuracy,
                    "accepted": float(accepted.mean()),
                    "accepted_cross_fitted": cross_fitted_acceptance(digit_scores)},

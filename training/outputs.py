@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Iterable
 
 from handler.artifacts import INDEX_FILE, LABELS_FILE, METADATA_FILE, MODEL_FILE, ONNX_FILE, SOURCES_FILE
-from settings import DEFAULT_DATA_SOURCE, cache_root
+from settings import cache_root
+
+from .data.sources import parse_source
 
 #: The owned_paths kind of an artifact folder, and who writes its marker.
 ARTIFACTS_KIND = "training-artifacts"
@@ -41,18 +43,13 @@ def artifacts_folder(path: Path, flag: str = "--out", reads: Iterable[Path | str
     return replaceable_dir(Path(path), ARTIFACTS_KIND, flag, reads=reads, known=ARTIFACT_NAMES)
 
 
-def source_path(source: str | None) -> Path | None:
-    """The local folder a ``--data-source`` reads (``folder:DIR``, ``idx:DIR`` or a bare path), else None."""
-    if not source or "://" in source or source == DEFAULT_DATA_SOURCE or source.startswith("download:"):
-        return None
-    layout, colon, rest = source.partition(":")
-    return Path(rest) if colon and layout in ("folder", "idx") else Path(source)
-
-
 def source_reads(source: str | None, cache_dir: Path | None = None) -> list[Path]:
     """What loading `source` reads: its local folder, and the download cache for downloaded and remote sources."""
-    reads = [path for path in (source_path(source),) if path is not None]
-    if source and (source.startswith("download:") or "://" in source):
+    if not source:
+        return []
+    parsed = parse_source(source)
+    reads = [parsed.local_path] if parsed.local_path is not None else []
+    if parsed.uses_cache:
         reads.append(Path(cache_dir) if cache_dir else cache_root())
     return reads
 

@@ -33,6 +33,7 @@ from .report_page import (NEIGHBOUR_SCALE, Case, cases_section, confusion_table,
                           png_data_uri)
 
 if TYPE_CHECKING:
+    from handler.metadata import ModelMetadata
     from handler.service import EmbeddingService
 
     from .data import Dataset
@@ -52,11 +53,10 @@ class ReportError(Exception):
     """The report cannot be made from these inputs; the message is one line."""
 
 
-def recorded_source(metadata: dict) -> str:
+def recorded_source(metadata: ModelMetadata) -> str:
     """The data source to take the held-out split from: the one metadata.json records (``dataset.source``, or
     the calibration source enrollment recorded), else settings.DEFAULT_DATA_SOURCE."""
-    for value in ((metadata.get("dataset") or {}).get("source"),
-                  ((metadata.get("open_set") or {}).get("calibration") or {}).get("source")):
+    for value in (metadata.dataset.get("source"), (metadata.open_set.get("calibration") or {}).get("source")):
         if isinstance(value, str) and value:
             return value
     return DEFAULT_DATA_SOURCE
@@ -74,7 +74,7 @@ class Gallery:
         self.problem = problem
         if dataset is None:
             self.images = np.zeros((0, 28, 28), np.uint8)
-            self.trained = int((service.metadata.get("dataset") or {}).get("train", service.searcher.index.ntotal))
+            self.trained = int(service.metadata.dataset.get("train", service.searcher.index.ntotal))
             self.drawable, self._cache = 0, {}
             return
         self.images = dataset.train_images
@@ -213,15 +213,12 @@ def histogram_png(analysis: Analysis, score_name: str) -> str:
 def model_facts(service: "EmbeddingService", artifacts: Path, threshold: float) -> list[tuple[str, object]]:
     """The facts rows about the model itself, from metadata.json and the loaded searcher."""
     metadata, searcher = service.metadata, service.searcher
-    dataset = metadata.get("dataset") or {}
-    preprocessing = metadata.get("preprocessing") or {}
-    index = metadata.get("index") or {}
-    enrolled = metadata.get("enrollment") or []
+    dataset, index, enrolled = metadata.dataset, metadata.index, metadata.enrollment
     return [
-        ("artifacts", f"{artifacts} (built {metadata.get('created', 'unknown')})"),
+        ("artifacts", f"{artifacts} (built {metadata.created or 'unknown'})"),
         ("dataset", f"{dataset.get('name', '?')}: {dataset.get('train', '?')} train / {dataset.get('test', '?')} "
                     f"held-out images, classes {', '.join(map(str, dataset.get('classes', [])))}"),
-        ("preprocessing", f"{service.profile.name} version {preprocessing.get('version', service.profile.version)}"),
+        ("preprocessing", f"{service.profile.name} version {metadata.preprocessing.get('version', service.profile.version)}"),
         ("gallery", f"{searcher.index.ntotal} images, {index.get('type', '?')} index, {searcher.dim}-d embeddings"
                     + (f", {sum(sum(e.get('added', {}).values()) for e in enrolled)} enrolled in {len(enrolled)} "
                        "enrollment(s)" if enrolled else "")),
@@ -246,8 +243,8 @@ def render(analysis: Analysis, service: "EmbeddingService", gallery: Gallery, ar
     """The whole page, every text escaped, every image inline."""
     metadata = service.metadata
     made = made or datetime.now(timezone.utc).isoformat(timespec="seconds")
-    name = (metadata.get("dataset") or {}).get("name", "model")
-    recorded = (metadata.get("metrics") or {}).get("accuracy")
+    name = metadata.dataset_name or "model"
+    recorded = metadata.metrics.accuracy
     facts = model_facts(service, artifacts, analysis.threshold)
     facts[2:2] = [("held-out split from", source)]
     facts += [("accuracy (held-out k-NN vote)", f"{analysis.accuracy:.4f} of {int(analysis.matrix.sum())} images"
@@ -283,7 +280,7 @@ def load_held_out(service: "EmbeddingService", source: str, cache_dir: Path | No
     from .data import load_dataset
 
     dataset = load_dataset(source, cache_dir, profile=service.profile.name)
-    trained = service.metadata.get("dataset") or {}
+    trained = service.metadata.dataset
     classes = [str(c) for c in dataset.classes]
     if classes != [str(c) for c in trained.get("classes", classes)] or len(dataset.test_images) != trained.get(
             "test", len(dataset.test_images)):

@@ -23,13 +23,13 @@ from handler.artifacts import (
     CHECKSUMMED,
     INDEX_FILE,
     LABELS_FILE,
-    METADATA_FILE,
     MODEL_FILE,
     ONNX_FILE,
     OPTIONAL_CHECKSUMMED,
     SOURCES_FILE,
     sha256_file,
 )
+from handler.metadata import Metrics, ModelMetadata
 from handler.search import DEFAULT_K, GallerySearcher, class_prototypes, gallery_vectors
 
 from .config import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE, resolve_profile, resolve_quantize
@@ -163,7 +163,7 @@ def present_optional(out: Path) -> list[str]:
 
 def evaluate_and_finalize(data: Dataset, out: Path, k: int = DEFAULT_K, plots: bool = True,
                           log: Callable[[str], None] = print, score: str = DEFAULT_OPEN_SET_SCORE,
-                          kth: int = DEFAULT_KTH) -> dict:
+                          kth: int = DEFAULT_KTH) -> ModelMetadata:
     """Evaluate with the serving searcher, calibrate the open-set threshold of `score` on held-out digits only
     only, write metadata.json."""
     model = load_model(out / MODEL_FILE)
@@ -201,22 +201,21 @@ def evaluate_and_finalize(data: Dataset, out: Path, k: int = DEFAULT_K, plots: b
         result["plots"] = write_plots(out, train_info["history"], np.array(result["confusion_matrix"]),
                                       data.classes, test_emb, data.test_labels)
     (out / METRICS_FILE).write_text(json.dumps(result, indent=2))
-    metadata = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "dataset": data.summary(),
-        "embedding_dim": int(searcher.dim),
-        "preprocessing": data.preprocessing.record(),
-        "index": index_info,
-        "k": k,
-        "threshold": searcher.threshold,
-        "open_set": open_set,
-        "metrics": {"accuracy": result["accuracy"], "open_set_rejection": result["open_set_rejection"]},
-        "drift_baseline": baseline,
-        "training": {key: train_info.get(key) for key in ("config", "train_seconds", "torchscript_max_abs_diff",
-                                                          "onnx_max_abs_diff", "onnx_opset", "quantization")},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "faiss": faiss.__version__, "numpy": np.__version__, **onnx_versions(out)},
-        "sha256": {name: sha256_file(out / name) for name in (*CHECKSUMMED, *present_optional(out))},
-    }
-    (out / METADATA_FILE).write_text(json.dumps(metadata, indent=2))
+    metadata = ModelMetadata(
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        dataset=data.summary(),
+        embedding_dim=int(searcher.dim),
+        preprocessing=data.preprocessing.record(),
+        index=index_info,
+        k=k,
+        open_set=open_set,
+        metrics=Metrics(result["accuracy"], result["open_set_rejection"]),
+        drift_baseline=baseline,
+        training={key: train_info.get(key) for key in ("config", "train_seconds", "torchscript_max_abs_diff",
+                                                       "onnx_max_abs_diff", "onnx_opset", "quantization")},
+        versions={"python": platform.python_version(), "torch": torch.__version__,
+                  "faiss": faiss.__version__, "numpy": np.__version__, **onnx_versions(out)},
+        sha256={name: sha256_file(out / name) for name in (*CHECKSUMMED, *present_optional(out))},
+    )
+    metadata.write(out)
     return metadata

@@ -24,8 +24,9 @@ HANDLER_ENTRY = "embedding_handler.py"
 #: The handler core's package inside the archive.
 HANDLER_PACKAGE = "handler"
 #: Modules of the archive's handler package the workers import. An archive packed before handler/metric_names.py
-#: existed would import TorchServe's ``ts`` for the metric names, which this runtime does not need installed.
-RUNTIME_MODULES = ("answer.py", "protocols.py", "service.py", "metric_names.py")
+#: existed would import TorchServe's ``ts`` for the metric names, which this runtime does not need installed; one
+#: packed before handler/metadata.py hands its metadata.json around as a dict, not the typed ModelMetadata.
+RUNTIME_MODULES = ("answer.py", "protocols.py", "service.py", "metric_names.py", "metadata.py")
 
 
 class ArchiveError(Exception):

@@ -93,4 +93,4 @@ class HandlerCore:
 
     def baseline(self) -> dict[str, float]:
         """The drift-baseline gauges' values (handler.metric_names.baseline_values); empty when none recorded."""
-        return baseline_values(self.service.metadata)
+        return baseline_values(self.service.metadata.drift_baseline)

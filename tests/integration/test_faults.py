@@ -288,14 +288,14 @@ def test_interrupted_training_leaves_the_previous_artifacts_intact(tiny_artifact
     assert visible(out.parent) == ["artifacts"], context
     metadata = verify_artifacts(out)
     if proc.returncode == 0:  # the run finished before the signal: the new artifacts replaced the old ones
-        assert metadata["dataset"]["name"] == folder_dataset.name, context
+        assert metadata.dataset_name == folder_dataset.name, context
     else:
         assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), context
         if stored_files(out) == before:
             if sig == signal.SIGINT:
                 assert "training: interrupted; previous artifacts left untouched" in stderr, context
         else:  # the signal came after the atomic swap: the new build is whole and in place, and says so
-            assert metadata["dataset"]["name"] == folder_dataset.name, context
+            assert metadata.dataset_name == folder_dataset.name, context
             if sig == signal.SIGINT:
                 assert "interrupted after the new artifacts were published" in stderr, context
     if sig == signal.SIGINT:

@@ -212,11 +212,11 @@ def test_local_run_writes_every_artifact(local_run):
     gallery = {p.name for p in out["build-index"]["artifacts"].path.iterdir()}
     assert {"model.pt", "index.faiss", "labels.json"} <= gallery
     metadata = verify_artifacts(out["evaluate"]["evaluated"].path)
-    assert metadata["embedding_dim"] == TINY["embedding_dim"]
-    assert out["evaluate"]["Output"] == pytest.approx(metadata["metrics"]["accuracy"])
+    assert metadata.embedding_dim == TINY["embedding_dim"]
+    assert out["evaluate"]["Output"] == pytest.approx(metadata.metrics.accuracy)
     logged = out["evaluate"]["metrics"].metadata
     assert logged["accuracy"] == pytest.approx(run.accuracy)
-    assert logged["threshold"] == pytest.approx(metadata["threshold"])
+    assert logged["threshold"] == pytest.approx(metadata.threshold)
     assert 0.0 <= logged["open_set_rejection"] <= 1.0
     matrix = out["evaluate"]["confusion"].metadata["confusionMatrix"]
     assert [a["displayName"] for a in matrix["annotationSpecs"]] == list(data.classes)

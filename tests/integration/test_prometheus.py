@@ -224,7 +224,7 @@ def test_training_records_the_drift_baseline(tiny_artifacts):
     dist = base["top1_distance"]
     assert base["n"] == meta["dataset"]["test"] and base["split"] == "test"
     assert 0 < dist["p50"] <= dist["p90"] <= dist["p99"]
-    assert dist["p99"] <= meta["threshold"] < dist["p99"] * 10
+    assert dist["p99"] <= meta["open_set"]["threshold"] < dist["p99"] * 10
     # the threshold accepts 99.5% of the same held-out distances: about 0.5% unknown
     assert 0 < base["unknown_rate"] <= 0.01
     synthetic = drift_baseline(np.arange(1, 101) / 100, threshold=0.9)
@@ -242,11 +242,11 @@ def test_baseline_metrics_are_gauges_labelled_like_batch_metrics_even_outside_a_
     from handler.ts_metrics import BASELINE_METRICS, baseline_values, record_baseline
 
     meta = json.loads((tiny_artifacts / "metadata.json").read_text())
-    values = baseline_values(meta)
+    values = baseline_values(meta["drift_baseline"])
     assert set(values) == set(BASELINE_METRICS)
-    assert baseline_values({k: v for k, v in meta.items() if k != "drift_baseline"}) == {}
+    assert baseline_values(None) == {}
     broken = {**meta["drift_baseline"], "top1_distance": "broken"}
-    assert baseline_values({"drift_baseline": broken}) == {}
+    assert baseline_values(broken) == {}
     cache = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
     cache.initialize_cache()
     cache.set_request_ids(None)

@@ -1,6 +1,6 @@
 """handler/preprocessing.py as it was before the speed-up (preprocessing version "1"), frozen.
 
-The reference today's implementation is compared with, tensor for tensor (tests/unit/test_preprocessing_fast.py).
+The reference today's implementation is compared with, tensor for tensor (tests/unit/test_preprocessing.py).
 Not used for serving or training.
 """
 

@@ -27,8 +27,11 @@ def test_service_on_cuda_turns_tf32_off(monkeypatch):
     """The CUDA branch of EmbeddingService's set-up, without a GPU (embed is stubbed)."""
     import numpy as np
 
+    from handler.metadata import Metrics, ModelMetadata
     from handler.preprocessing import DIGITS
     from handler.service import EmbeddingService
+
+    recorded = ModelMetadata(k=5, metrics=Metrics(0.9), preprocessing=DIGITS.record())
 
     class Searcher:
         dim = 4
@@ -37,9 +40,9 @@ def test_service_on_cuda_turns_tf32_off(monkeypatch):
     monkeypatch.setattr(EmbeddingService, "embed", lambda self, batch: np.zeros((len(batch), 4), np.float32))
     try:
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
-        EmbeddingService(None, Searcher(), {"preprocessing": DIGITS.record()}, device="cpu")
+        EmbeddingService(None, Searcher(), recorded, device="cpu")
         assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
-        EmbeddingService(None, Searcher(), {"preprocessing": DIGITS.record()}, device="cuda")
+        EmbeddingService(None, Searcher(), recorded, device="cuda")
         assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

@@ -97,7 +97,7 @@ def test_served_k_is_the_trained_k_and_matches_offline_evaluation(prepared_sampl
     service = handler.service
     results = service.searcher.classify(service.embed(normalize(prepared_sample.test_images)))
     served = np.mean([r.nearest_label == str(y) for r, y in zip(results, prepared_sample.test_labels)])
-    assert served == pytest.approx(metadata["metrics"]["accuracy"], abs=1e-9)
+    assert served == pytest.approx(metadata.metrics.accuracy, abs=1e-9)
 
 
 def test_pixel_limit_from_model_config_gives_413(tiny_artifacts, digits):

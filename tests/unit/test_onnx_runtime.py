@@ -73,9 +73,9 @@ def test_training_records_onnx_checksum_and_parity(tiny_artifacts):
     assert (tiny_artifacts / ONNX_FILE).is_file()
     train = json.loads((tiny_artifacts / "train.json").read_text())
     assert 0.0 <= train["onnx_max_abs_diff"] <= PARITY_TOLERANCE
-    assert metadata["training"]["onnx_max_abs_diff"] == train["onnx_max_abs_diff"]
-    assert metadata["training"]["onnx_opset"] == export_module.ONNX_OPSET
-    assert {"onnx", "onnxruntime"} <= set(metadata["versions"])
+    assert metadata.training["onnx_max_abs_diff"] == train["onnx_max_abs_diff"]
+    assert metadata.training["onnx_opset"] == export_module.ONNX_OPSET
+    assert {"onnx", "onnxruntime"} <= set(metadata.versions)
 
 
 @pytest.mark.parametrize("damage", ["tampered", "missing", "unrecorded"])
@@ -182,5 +182,5 @@ def test_training_without_onnx_installed_writes_no_model_onnx(prepared_sample, t
     build_gallery(small, out, log=lambda _: None)
     metadata = evaluate_and_finalize(small, out, plots=False, log=lambda _: None)
     assert not (out / ONNX_FILE).exists() and (out / MODEL_FILE).is_file()
-    assert ONNX_FILE not in metadata["sha256"] and "onnxruntime" not in metadata["versions"]
+    assert ONNX_FILE not in metadata.sha256 and "onnxruntime" not in metadata.versions
     assert ONNX_FILE not in artifact_files(verify_artifacts(out))

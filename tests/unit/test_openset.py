@@ -13,6 +13,7 @@ from support.imagegen import raw_row
 from serving.samples import user_digit_png
 
 from handler.artifacts import METADATA_FILE, ArtifactError, open_set_settings
+from handler.metadata import ModelMetadata, read_metadata
 from handler.preprocessing import is_blank, preprocess
 from handler.search import GallerySearcher, class_prototypes, open_set_score, prototype_distance
 from handler.service import EmbeddingService
@@ -110,9 +111,9 @@ def test_synthetic_negatives_are_canvases_with_ink_and_reproducible():
 # --- metadata contract ----------------------------------------------------------------------------------------
 
 def test_metadata_records_the_score_threshold_and_calibration_and_serving_uses_them(tiny_artifacts):
-    metadata = json.loads((tiny_artifacts / METADATA_FILE).read_text())
-    section = metadata["open_set"]
-    assert section["threshold"] == metadata["threshold"] > 0
+    metadata = read_metadata(tiny_artifacts)
+    section = metadata.open_set
+    assert section["threshold"] == metadata.threshold > 0
     assert section["calibration"]["split"] == "test" and section["calibration"]["n"] == 1000
     assert 0.98 <= section["calibration"]["accepted_cross_fitted"] <= 1.0
     settings = open_set_settings(metadata)
@@ -125,14 +126,13 @@ def test_metadata_records_the_score_threshold_and_calibration_and_serving_uses_t
     (lambda m: m["open_set"].update(score="energy"), "not one this handler implements"),
     (lambda m: m["open_set"].update(kth=0), "kth"),
     (lambda m: m["open_set"].update(threshold="high"), "threshold"),
-    (lambda m: m.update(open_set=[1]), "must be an object"),
     (lambda m: m["open_set"].update(score="prototype_distance", prototypes=None), "prototypes"),
 ])
 def test_malformed_open_set_section_is_an_artifact_error(tiny_artifacts, edit, message):
     metadata = json.loads((tiny_artifacts / METADATA_FILE).read_text())
     edit(metadata)
     with pytest.raises(ArtifactError, match=message):
-        open_set_settings(metadata)
+        open_set_settings(ModelMetadata.from_json(metadata))
 
 
 def test_old_metadata_without_open_set_serves_top1_distance_as_before(tiny_artifacts, tmp_path, prepared_sample):
@@ -182,7 +182,7 @@ def test_handler_answers_follow_the_recorded_score_and_equal_the_offline_evaluat
     assert flags == (scores > threshold).tolist()
     assert 0 < sum(flags) < len(flags)
     offline, _ = EmbeddingService.from_dir(moved).answer(pngs)
-    assert [{k: v for k, v in a.items() if k != "model_version"} for a in served] == offline
+    assert [{k: v for k, v in a.items() if k != "model_version"} for a in served] == offline  # the same digest
 
 
 def test_eval_scores_give_the_services_unknown_flags(tiny_artifacts, mixed_images):
@@ -210,7 +210,8 @@ def test_eval_cli_writes_well_formed_json(tiny_artifacts, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert printed == result
     metadata = json.loads((tiny_artifacts / METADATA_FILE).read_text())
-    assert result["score"] == metadata["open_set"]["score"] and result["threshold"] == metadata["threshold"]
+    section = metadata["open_set"]
+    assert result["score"] == section["score"] and result["threshold"] == section["threshold"]
     assert result["seed"] == 0
     digits = result["digits"]
     assert digits["n"] == 1000 and 0.9 <= digits["accuracy"] <= 1.0
@@ -286,9 +287,9 @@ def test_prototypes_from_the_stored_gallery_equal_a_fresh_embedding_pass(tiny_ar
     shutil.copytree(tiny_artifacts, artifacts)
     build_gallery(prepared_sample, artifacts, index_type, log=lambda _: None)
     metadata = evaluate_and_finalize(prepared_sample, artifacts, plots=False, log=lambda _: None)
-    assert metadata["index"]["type"] == index_type
+    assert metadata.index["type"] == index_type
     fresh = embed(load_model(artifacts / "model.pt"), prepared_sample.inputs("train"))
     names, expected = class_prototypes(fresh, [prepared_sample.classes[y] for y in prepared_sample.train_labels])
-    recorded = metadata["open_set"]["prototypes"]
+    recorded = metadata.open_set["prototypes"]
     assert recorded["labels"] == names
     np.testing.assert_array_equal(np.asarray(recorded["vectors"], dtype=np.float32), expected)

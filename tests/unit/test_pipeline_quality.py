@@ -4,10 +4,9 @@ model passing them is tests/integration/test_gate.py's."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
+from handler.metadata import Metrics, ModelMetadata, read_metadata
 from pipeline import params as P
 from pipeline.quality import judge
 
@@ -15,9 +14,9 @@ DEFAULTS = {name: P.DEFAULTS[name] for name in ("min_accuracy", "min_open_set_re
 
 
 def test_a_two_epoch_model_fails_the_default_gate_on_its_open_set_figure(tiny_artifacts):
-    metadata = json.loads((tiny_artifacts / "metadata.json").read_text())
-    rejection = metadata["metrics"]["open_set_rejection"]
-    assert metadata["metrics"]["accuracy"] >= DEFAULTS["min_accuracy"]  # accuracy alone would deploy it
+    metadata = read_metadata(tiny_artifacts)
+    rejection = metadata.metrics.open_set_rejection
+    assert metadata.metrics.accuracy >= DEFAULTS["min_accuracy"]  # accuracy alone would deploy it
     verdict = judge(metadata, DEFAULTS)
     print(f"tiny model: {verdict.summary}")
     assert not verdict.passed
@@ -29,7 +28,7 @@ def test_a_two_epoch_model_fails_the_default_gate_on_its_open_set_figure(tiny_ar
 
 
 def test_a_minimum_of_zero_is_off_and_a_missing_figure_fails():
-    metadata = {"metrics": {"accuracy": 0.99, "open_set_rejection": 0.2}}  # no open_set calibration recorded
+    metadata = ModelMetadata(k=5, metrics=Metrics(0.99, 0.2))  # no open_set calibration recorded
     verdict = judge(metadata, {**DEFAULTS, "min_open_set_rejection": 0})
     assert [c.passed for c in verdict.checks] == [True, True, False]
     assert "held-out digits accepted (cross-fitted) missing < " in verdict.summary

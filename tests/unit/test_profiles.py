@@ -107,13 +107,13 @@ def test_a_blank_image_is_a_blank_tensor_in_both_profiles():
 
 
 def test_profile_of_reads_metadata_and_refuses_what_it_does_not_implement():
-    assert profile_of({"preprocessing": {"version": "1"}}) is DIGITS_V1  # metadata from before profiles
-    assert profile_of({"preprocessing": DIGITS.record()}) is DIGITS
-    assert profile_of({"preprocessing": FULL_FRAME.record()}) is FULL_FRAME
+    assert profile_of({"version": "1"}) is DIGITS_V1  # metadata from before profiles
+    assert profile_of(DIGITS.record()) is DIGITS
+    assert profile_of(FULL_FRAME.record()) is FULL_FRAME
     with pytest.raises(ProfileError, match="profile 'sketches'"):
-        profile_of({"preprocessing": {"profile": "sketches", "version": "1"}})
+        profile_of({"profile": "sketches", "version": "1"})
     with pytest.raises(ProfileError, match="full-frame preprocessing version '9'"):
-        profile_of({"preprocessing": {"profile": "full-frame", "version": "9"}})
+        profile_of({"profile": "full-frame", "version": "9"})
 
 
 def test_every_view_of_the_profiles_is_read_from_the_one_registry():

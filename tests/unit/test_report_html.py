@@ -19,6 +19,7 @@ from support.idx_fixtures import make_idx_dir
 from support.image_tree import digit_folder
 
 from handler.artifacts import METADATA_FILE
+from handler.metadata import Metrics, ModelMetadata
 from handler.service import EmbeddingService
 from settings import DEFAULT_DATA_SOURCE
 from training.__main__ import main as training_main
@@ -203,7 +204,7 @@ def test_each_case_shows_the_query_canvas_and_its_k_nearest_gallery_canvases(rep
 def test_header_names_the_model_and_the_command(report, hostile_artifacts, tiny_artifacts):
     metadata = json.loads((tiny_artifacts / METADATA_FILE).read_text())
     text = " ".join(report.page.text)
-    for fact in (f"k{metadata['k']}", f"threshold{metadata['threshold']:.4f}",
+    for fact in (f"k{metadata['k']}", f"threshold{metadata['open_set']['threshold']:.4f}",
                  f"open-set score{metadata['open_set']['score']}",
                  f"preprocessing{metadata['preprocessing']['profile']} version {metadata['preprocessing']['version']}",
                  f"held-out split from{DEFAULT_DATA_SOURCE}"):
@@ -233,9 +234,10 @@ def test_gallery_refuses_to_draw_items_it_cannot_tie_to_training_images():
 
 
 def test_the_recorded_source_is_the_default():
-    assert recorded_source({"dataset": {"name": "x", "source": "idx:/data/x"}}) == "idx:/data/x"
-    assert recorded_source({"open_set": {"calibration": {"source": "idx:/data/y"}}}) == "idx:/data/y"
-    assert recorded_source({"dataset": {"name": "fashion-mnist"}}) == DEFAULT_DATA_SOURCE
+    recorded = ModelMetadata(k=5, metrics=Metrics(0.9))
+    assert recorded_source(recorded.replace(dataset={"name": "x", "source": "idx:/data/x"})) == "idx:/data/x"
+    assert recorded_source(recorded.replace(open_set={"calibration": {"source": "idx:/data/y"}})) == "idx:/data/y"
+    assert recorded_source(recorded.replace(dataset={"name": "fashion-mnist"})) == DEFAULT_DATA_SOURCE
 
 
 @pytest.mark.parametrize(("args", "code", "message"), [

@@ -33,6 +33,7 @@ from handler.artifacts import (
     sha256_file,
     verify_artifacts,
 )
+from handler.metadata import ModelMetadata
 from handler.preprocessing import PREPROCESSING_VERSION
 from handler.search import GallerySearcher
 from training import export as export_module
@@ -61,13 +62,13 @@ def tiny_embeddings(tiny_artifacts, prepared_sample) -> tuple[np.ndarray, np.nda
     return embed(model, prepared_sample.inputs("train")), embed(model, prepared_sample.inputs("test"))
 
 
-def tiny_searcher(directory: Path, metadata: dict) -> GallerySearcher:
+def tiny_searcher(directory: Path, metadata: ModelMetadata) -> GallerySearcher:
     """The searcher serving would build from an artifact directory (open-set rule from metadata.json)."""
     open_set = open_set_settings(metadata)
-    return GallerySearcher.from_files(directory / INDEX_FILE, directory / LABELS_FILE, k=metadata["k"],
+    return GallerySearcher.from_files(directory / INDEX_FILE, directory / LABELS_FILE, k=metadata.k,
                                       threshold=open_set["threshold"], score=open_set["score"], kth=open_set["kth"],
                                       prototypes=open_set["prototypes"],
-                                      search_params=metadata["index"]["search_params"])
+                                      search_params=metadata.index["search_params"])
 
 
 def test_torchscript_export_matches_eager_and_reloads(tmp_path, prepared_sample):
@@ -100,25 +101,25 @@ def test_tiny_artifacts_hold_every_file_and_verify(tiny_artifacts):
     for name in (MODEL_FILE, INDEX_FILE, LABELS_FILE, METADATA_FILE):
         assert (tiny_artifacts / name).is_file(), name
     metadata = verify_artifacts(tiny_artifacts)
-    assert metadata == json.loads((tiny_artifacts / METADATA_FILE).read_text())
+    assert metadata.to_json() == json.loads((tiny_artifacts / METADATA_FILE).read_text())
 
 
 def test_tiny_metadata_records_data_model_threshold_versions_and_checksums(tiny_artifacts, tiny_embeddings):
-    metadata = json.loads((tiny_artifacts / METADATA_FILE).read_text())
-    assert metadata["dataset"]["train"] == 4000
-    assert metadata["dataset"]["test"] == 1000
-    assert metadata["dataset"]["classes"] == [str(d) for d in range(10)]
+    metadata = verify_artifacts(tiny_artifacts)
+    assert metadata.dataset["train"] == 4000
+    assert metadata.dataset["test"] == 1000
+    assert metadata.dataset["classes"] == [str(d) for d in range(10)]
     index = faiss.read_index(str(tiny_artifacts / INDEX_FILE))
-    assert metadata["embedding_dim"] == 32 == index.d == tiny_embeddings[0].shape[1]
+    assert metadata.embedding_dim == 32 == index.d == tiny_embeddings[0].shape[1]
     assert index.ntotal == 4000 == len(json.loads((tiny_artifacts / LABELS_FILE).read_text()))
-    assert metadata["preprocessing"]["version"] == PREPROCESSING_VERSION
-    assert metadata["threshold"] > 0
-    assert metadata["metrics"]["accuracy"] > 0.9
-    assert metadata["versions"]["torch"] == torch.__version__
-    assert metadata["versions"]["faiss"] == faiss.__version__
-    assert set(metadata["sha256"]) == {*CHECKSUMMED, SOURCES_FILE, ONNX_FILE}
+    assert metadata.preprocessing["version"] == PREPROCESSING_VERSION
+    assert metadata.threshold > 0
+    assert metadata.metrics.accuracy > 0.9
+    assert metadata.versions["torch"] == torch.__version__
+    assert metadata.versions["faiss"] == faiss.__version__
+    assert set(metadata.sha256) == {*CHECKSUMMED, SOURCES_FILE, ONNX_FILE}
     for name in (*CHECKSUMMED, SOURCES_FILE, ONNX_FILE):
-        assert metadata["sha256"][name] == sha256_file(tiny_artifacts / name), name
+        assert metadata.sha256[name] == sha256_file(tiny_artifacts / name), name
 
 
 def flip_byte_in_index(directory: Path) -> None:
@@ -251,7 +252,7 @@ def test_gallery_without_sources_leaves_no_stale_sources_file(tmp_path, tiny_art
     build_gallery(subset, out, log=quiet)
     assert not (out / SOURCES_FILE).exists()
     metadata = evaluate_and_finalize(subset, out, plots=False, log=quiet)
-    assert SOURCES_FILE not in metadata["sha256"] and verify_artifacts(out) == metadata
+    assert SOURCES_FILE not in metadata.sha256 and verify_artifacts(out) == metadata
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
@@ -297,7 +298,7 @@ def test_evaluate_confusion_matrix_matches_accuracy(tiny_artifacts, tiny_embeddi
     assert matrix.shape == (10, 10)
     assert matrix.sum() == len(prepared_sample.test_labels) == 1000
     assert np.trace(matrix) / matrix.sum() == pytest.approx(result["accuracy"])
-    assert result["accuracy"] == pytest.approx(metadata["metrics"]["accuracy"])
+    assert result["accuracy"] == pytest.approx(metadata.metrics.accuracy)
     assert set(result["per_class"]) == set(prepared_sample.classes)
     for i, name in enumerate(prepared_sample.classes):
         stats = result["per_class"][name]
@@ -577,9 +578,9 @@ def test_cli_trains_on_image_folder_end_to_end(tmp_path):
     labels = json.loads((out / LABELS_FILE).read_text())
     assert sorted(set(labels)) == ["a", "b", "c"]
     assert len(labels) == 30  # 12 per class, round(12 * 0.2) = 2 of each held out
-    assert metadata["dataset"] == {"name": "shapes", "train": 30, "test": 6, "classes": ["a", "b", "c"]}
-    assert metadata["embedding_dim"] == 8
-    assert metadata["training"]["config"]["epochs"] == 1
+    assert metadata.dataset == {"name": "shapes", "train": 30, "test": 6, "classes": ["a", "b", "c"]}
+    assert metadata.embedding_dim == 8
+    assert metadata.training["config"]["epochs"] == 1
     assert not (out / "stale.txt").exists()
     sources = json.loads((out / SOURCES_FILE).read_text())
     assert sources["kind"] == "file" and len(sources["ids"]) == 30

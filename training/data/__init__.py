@@ -20,6 +20,8 @@ import numpy as np
 
 from settings import DEFAULT_DATA_SOURCE as DEFAULT_SOURCE, cache_root
 
+from .sources import DOWNLOAD, SAMPLE, STORAGE, parse_source
+
 if TYPE_CHECKING:
     from handler.preprocessing import Profile
 
@@ -136,25 +138,17 @@ class Dataset:
                        source_kind=sources[1], profile=profile, **arrays)
 
 
-def _layout_and_location(source: str) -> tuple[str, str]:
-    """``idx:X`` / ``folder:X`` -> (layout, X); any other source -> ("", source)."""
-    if source.startswith(("idx:", "folder:")):
-        layout, _, location = source.partition(":")
-        return layout, location
-    return "", source
-
-
 def source_problem(source: str) -> str | None:
     """Why a storage URI data source (``s3://``, ``gs://``, ``pvc://``, also after ``idx:`` / ``folder:``) is
     malformed, without any network; None for a well-formed one and for every other source. For checks at
     submission time (a pipeline parameter); load_dataset checks the same first."""
-    _, rest = _layout_and_location(source)
-    if "://" not in rest:
+    parsed = parse_source(source)
+    if parsed.kind != STORAGE:
         return None
     from .remote import parse_uri
 
     try:
-        parse_uri(rest)
+        parse_uri(parsed.location)
     except DataError as exc:
         return str(exc)
     return None
@@ -166,28 +160,27 @@ def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None, pr
     ``profile`` (a preprocessing profile's name, default digits) is how a ``folder:`` source's images of any
     size become 28x28; array sources are returned raw and preprocessed by training.steps.prepare_data."""
     cache_dir = Path(cache_dir) if cache_dir else cache_root()
-    if source == DEFAULT_SOURCE:
+    parsed = parse_source(source)
+    if parsed.kind == SAMPLE:
         from .sample import load_mnist_sample
 
         return load_mnist_sample()
-    layout, rest = _layout_and_location(source)
-    if "://" in rest:
-        from .remote import fetch
-
-        root, layout = fetch(rest, layout or None, cache_dir)
-        source = f"{layout}:{root}"
-    if source.startswith("download:"):
+    if parsed.kind == DOWNLOAD:
         from .download import download_mnist, load_idx_dir_from_cache
 
-        name = source.split(":", 1)[1]
-        return load_idx_dir_from_cache(download_mnist(name, cache_dir), name)
-    if source.startswith("folder:"):
+        return load_idx_dir_from_cache(download_mnist(parsed.location, cache_dir), parsed.location)
+    layout, path = parsed.layout, parsed.local_path
+    if parsed.kind == STORAGE:
+        from .remote import fetch
+
+        path, layout = fetch(parsed.location, parsed.layout or None, cache_dir)
+    if layout == "folder":
         from .folder import load_image_folder
 
         from handler.preprocessing import DIGITS, PROFILES
 
-        return load_image_folder(Path(source.split(":", 1)[1]), profile=PROFILES[profile or DIGITS.name])
-    path = Path(source.split(":", 1)[1] if source.startswith("idx:") else source)
+        return load_image_folder(Path(path), profile=PROFILES[profile or DIGITS.name])
+    path = Path(path)
     if path.is_dir():
         from .folder import layout_hint
         from .idx import load_idx_dir, select_idx_files
@@ -196,6 +189,6 @@ def load_dataset(source: str = DEFAULT_SOURCE, cache_dir: Path | None = None, pr
         if hint:
             raise DataError(f"{path}: no IDX files; {hint}")
         return load_idx_dir(path)
-    if source.startswith("idx:") or path.exists():
+    if layout == "idx" or path.exists():
         raise DataError(f"{path}: not a directory of IDX files")
     raise DataError(f"unknown data source {source!r}: use {SOURCE_FORMS}")
