@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import tempfile
@@ -18,18 +17,17 @@ from cli_common import EXIT_INTERRUPTED, EXIT_USAGE, Parser, fail, output_dir, o
 from cli_common import UsageError as PathError
 from owned_paths import replaceable_file, starts_with
 from serving.server import ServerError
+from training.data.sources import parse_source
 
-from . import backend, images, local_command, preflight, releases, rollback
+from . import backend, images, kfp_api, local_command, preflight, rollback
 from . import options as O
 from . import params as P
 
 # pipeline.local_run, .pipeline and .components are imported where used: .components reads
 # $PIPELINE_IMAGE when first imported, and compile/submit set it (to the chosen image) first.
 
-TOKEN_ENV = "KF_PIPELINES_TOKEN"
 HOST_ENV = "KF_PIPELINES_ENDPOINT"  # the kfp client's own variable
 EXPERIMENT_ENV = "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME"  # the kfp client's own variable
-HEALTHZ_PATH = "/apis/v2beta1/healthz"
 RUNTIME_MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kserve" / "servingruntime.yaml"
 RUNTIME_CONTAINER = "kserve-container"
 #: The first line of what compile and runtime write: a file that starts with it may be written again.
@@ -66,14 +64,6 @@ def _backend_version(text: str) -> backend.Version:
     return version
 
 
-def _unnamed_text() -> str:
-    """The supported releases whose KFP API server does not name its version, as "KFP 2.4.1 (Kubeflow 1.10.0), ..."."""
-    by_kfp: dict[str, list[str]] = {}
-    for release in releases.unnamed_kfp():
-        by_kfp.setdefault(release.kfp_text, []).append(release.kubeflow)
-    return ", ".join(f"KFP {kfp} (Kubeflow {' and '.join(kubeflow)})" for kfp, kubeflow in by_kfp.items())
-
-
 def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m pipeline", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -86,11 +76,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", type=_host, default=os.environ.get(HOST_ENV), help=f"KFP API URL (default: ${HOST_ENV})")
     s.add_argument("--experiment", default=None, help=f"experiment name (default: ${EXPERIMENT_ENV}, else 'Default')")
     s.add_argument("--namespace", default=None, help="user namespace on multi-user clusters")
-    s.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default: ${TOKEN_ENV})")
+    s.add_argument("--token", default=os.environ.get(kfp_api.TOKEN_ENV),
+                   help=f"bearer token (default: ${kfp_api.TOKEN_ENV})")
     s.add_argument("--run-name", default=None, help="name of the run (default: the pipeline's name and the time)")
     s.add_argument("--backend-version", type=_backend_version, default=None, metavar="X.Y.Z",
                    help="the KFP backend's version, for a backend whose healthz does not say it (the images of "
-                        f"{_unnamed_text()} answer 'unknown'): submit refuses a backend it cannot verify")
+                        f"{kfp_api.unnamed_text()} answer 'unknown'): submit refuses a backend it cannot verify")
     O.add_arguments(s)
     P.add_arguments(s)
     r = sub.add_parser("run-local", help="run every task here with kfp.local (subprocesses of this Python)")
@@ -228,116 +219,10 @@ def _runtime(image: str, allow_tag: bool, out: Path | None) -> None:
 
 def _check_data_claim(source: str, mounted: str) -> None:
     """A pvc:// data source is read from the claim the load-data task mounts (--data-pvc-claim): the same one."""
-    location = source.partition(":")[2] if source.startswith(("idx:", "folder:")) else source
-    if not location.startswith("pvc://"):
-        return
-    claim = location[len("pvc://"):].split("/", 1)[0]
-    if claim != mounted:
+    claim = parse_source(source).claim
+    if claim is not None and claim != mounted:
         raise UsageError(f"data_source {source} reads the claim {claim!r}, but the load-data task mounts "
                          + (f"{mounted!r}" if mounted else "none") + f": compile with --data-pvc-claim {claim}")
-
-
-def _unreachable_reason(exc: BaseException) -> str:
-    import urllib3
-
-    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
-        exc = exc.reason
-    reason = str(exc).split(": ", 1)[-1] if isinstance(exc, urllib3.exceptions.NewConnectionError) else str(exc)
-    return " ".join(reason.split())
-
-
-def _server_detail(body: object) -> str:
-    """The server's own message (KFP answers {"error", "code", "message", "details"}), on one short line."""
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", "replace")
-    if not isinstance(body, str) or not body.strip():
-        return ""
-    try:
-        data = json.loads(body)
-        text = str(data.get("message") or data.get("error") or "") if isinstance(data, dict) else ""
-    except ValueError:
-        text = "" if body.lstrip().startswith("<") else body  # an HTML error page says nothing useful
-    text = " ".join(text.split())
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _api_error(host: str, step: str, exc: Any) -> CliError:
-    """One line for an error status of the KFP API: the status, the server's message, what to check."""
-    status, reason = exc.status, " ".join(str(exc.reason or "").split())
-    if not status:  # TLS failures and the like: kfp_server_api reports them as status 0
-        return CliError(f"cannot reach Kubeflow Pipelines at {host}: {reason}")
-    if status == 401:
-        hint = f"check the token (--token or ${TOKEN_ENV}): missing, wrong or expired"
-    elif status == 403:
-        hint = ("the token was accepted but may not do this: check --namespace (your profile namespace) and "
-                "that the account may use it")
-    elif status == 404 and step.startswith("check"):
-        hint = ("check --host: the Kubeflow Pipelines API root (behind the Kubeflow gateway "
-                "https://HOST/pipeline), and a KFP 2.x backend (1.x has no v2beta1 API)")
-    elif status == 404:
-        hint = "check --host and that the experiment and --namespace exist"
-    elif status >= 500:
-        hint = "the Kubeflow Pipelines API server failed: see its log (deploy/ml-pipeline) and retry"
-    else:
-        hint = "the server refused the request"
-    detail = _server_detail(getattr(exc, "body", None))
-    return CliError(f"{host} answered {status} {reason} to {step}{f' ({detail})' if detail else ''}: {hint}")
-
-
-def _api_client(host: str, token: str | None) -> Any:
-    """A kfp_server_api client configured as kfp.client.Client configures it for an explicit host/token."""
-    import kfp_server_api
-
-    config = kfp_server_api.Configuration(host=host)
-    if token:
-        config.api_key["authorization"] = token
-        config.api_key_prefix["authorization"] = "Bearer"
-    return kfp_server_api.ApiClient(config)
-
-
-def _backend_health(host: str, token: str | None) -> dict:
-    """GET /apis/v2beta1/healthz.
-
-    The API server answers {"commit_sha", "tag_name", "multi_user"} (kfp_server_api's model keeps only
-    multi_user, so the JSON is read here); `tag_name` is its release, "unknown" on builds without one."""
-    import kfp_server_api
-
-    api = kfp_server_api.HealthzServiceApi(_api_client(host, token))
-    response = api.healthz_service_get_healthz(_preload_content=False, _request_timeout=(10, 60))
-    try:
-        health = json.loads(response.data)
-        if not isinstance(health, dict):
-            raise ValueError
-    except ValueError:
-        kind = response.headers.get("Content-Type", "a body")
-        raise CliError(f"{host}{HEALTHZ_PATH} answered {kind}, not the Kubeflow Pipelines health JSON: check "
-                       "--host (a login page means the gateway did not accept the token)") from None
-    return health
-
-
-def _check_version(host: str, health: dict, needed: backend.Version, why: str,
-                   stated: backend.Version | None = None) -> None:
-    """Refuse a backend older than the compiled package needs, and one whose version is not known: healthz's
-    `tag_name`, else the --backend-version the user states. A backend newer than the newest supported release
-    (pipeline.releases) is accepted with a warning: its messages are a superset of those the package was
-    checked against."""
-    tag = health.get("tag_name")
-    reported = backend.parse_version(tag)
-    minimum = backend.version_text(needed)
-    if reported is not None and stated is not None and reported != stated:
-        raise CliError(f"--backend-version {backend.version_text(stated)}, but {host} reports KFP backend {tag}")
-    version = reported or stated
-    if version is None:
-        raise CliError(f"{host} does not report its Kubeflow Pipelines version (healthz tag_name {tag!r}, as the "
-                       f"images of {_unnamed_text()} answer), so this package's need for {minimum} or later "
-                       f"cannot be checked: pass --backend-version with the version your Kubeflow ships")
-    shown = tag if reported else f"{backend.version_text(version)} (--backend-version)"
-    if version < needed:
-        raise CliError(f"KFP backend {shown} is older than {minimum}, which this package needs: {why}")
-    newest = releases.NEWEST
-    if version > newest.kfp:
-        print(f"pipeline: warning: KFP backend {shown} is newer than the newest supported, {newest.kfp_text} "
-              f"(Kubeflow {newest.kubeflow}); going on", file=sys.stderr)
 
 
 def _submit(args: argparse.Namespace, values: dict[str, Any], image: str, options: O.CompileOptions) -> None:
@@ -355,13 +240,13 @@ def _submit(args: argparse.Namespace, values: dict[str, Any], image: str, option
         def get_kfp_healthz(self, sleep_duration: int = 5) -> Any:
             return kfp_server_api.V2beta1GetHealthzResponse(multi_user=health.get("multi_user"))
 
-    step = f"check the backend (GET {HEALTHZ_PATH})"
+    step = f"check the backend (GET {kfp_api.HEALTHZ_PATH})"
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # "This client only works with KFP v2.0.0-beta.2 and later"
         try:
-            health = _backend_health(host, args.token)
+            health = kfp_api.backend_health(host, args.token)
             package, needed, why = _compile(Path(tmp) / "pipeline.yaml", image, options)
-            _check_version(host, health, needed, why, args.backend_version)
+            kfp_api.check_version(host, health, needed, why, args.backend_version)
             if health.get("multi_user") and not args.namespace and not os.path.exists(Client._NAMESPACE_PATH):
                 raise CliError(f"{host} is a multi-user Kubeflow Pipelines: pass --namespace (your profile namespace)")
             client = _Client(host=host, existing_token=args.token, namespace=args.namespace or "kubeflow")
@@ -378,9 +263,10 @@ def _submit(args: argparse.Namespace, values: dict[str, Any], image: str, option
             run = client.run_pipeline(experiment_id=experiment.experiment_id, job_name=run_name,
                                       pipeline_package_path=str(package), params=options.run_values(values))
         except kfp_server_api.ApiException as exc:
-            raise _api_error(host, step, exc) from None
+            raise kfp_api.api_error(host, step, exc) from None
         except (urllib3.exceptions.HTTPError, OSError, TimeoutError) as exc:
-            raise CliError(f"cannot reach Kubeflow Pipelines at {host}: {_unreachable_reason(exc)}") from None
+            raise CliError(f"cannot reach Kubeflow Pipelines at {host}: {kfp_api.unreachable_reason(exc)}") \
+                from None
     print(f"submitted run {run.run_id}: {host}/#/runs/details/{run.run_id}")
 
 
@@ -428,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             local_command.run(args.workdir, args.serve_workdir, values)
     except UsageError as exc:
         return fail("pipeline", exc, EXIT_USAGE)
-    except (CliError, P.ParamError, ServerError, local_command.RunLocalError) as exc:
+    except (CliError, kfp_api.ApiError, P.ParamError, ServerError, local_command.RunLocalError) as exc:
         return fail("pipeline", exc)
     except KeyboardInterrupt:
         return fail("pipeline", "interrupted", EXIT_INTERRUPTED)
