@@ -87,7 +87,8 @@ class Answer(_JsonView):
     ``unknown``: no label is answered, ``reason`` says why (:data:`REASONS`; None when answered);
     ``nearest_label``: the label the neighbours vote for, answered or not; ``neighbours``: the k nearest gallery
     items. With the embedding option the answer carries the ``embedding`` vector; ``model_version`` is the
-    archive's. Build one with :meth:`of_vote`, so that an unknown answer never carries a label or a confidence."""
+    archive's, ``model_digest`` the SHA-256 of the model's metadata.json (which records every artifact's digest:
+    it names the build that answered, whatever version label it was given). Build one with :meth:`of_vote`, so that an unknown answer never carries a label or a confidence."""
 
     pred: str | None
     dist: float | None
@@ -98,6 +99,7 @@ class Answer(_JsonView):
     neighbours: tuple[Neighbour, ...]
     embedding: tuple[float, ...] | None = field(default=None, metadata={"omit_none": True, "table": False})
     model_version: str | None = field(default=None, metadata={"omit_none": True, "table": False})
+    model_digest: str | None = field(default=None, metadata={"omit_none": True, "table": False})
 
     @classmethod
     def of_vote(cls, label: str | None, share: float, dist: float | None, neighbours: tuple[Neighbour, ...],

@@ -14,6 +14,7 @@ import torch
 from .artifacts import (
     INDEX_FILE,
     LABELS_FILE,
+    METADATA_FILE,
     MODEL_FILE,
     ONNX_FILE,
     SOURCE_KEYS,
@@ -22,6 +23,7 @@ from .artifacts import (
     open_set_settings,
     quantization,
     read_sources,
+    sha256_file,
     verify_artifacts,
 )
 from .answer import NO_INK, SEVERAL_DIGITS, Answer, Refusal, Result
@@ -147,7 +149,7 @@ class EmbeddingService:
 
     def __init__(self, model: "torch.jit.ScriptModule | OnnxModel", searcher: GallerySearcher, metadata: ModelMetadata,
                  device: str = "cpu", max_pixels: int = DEFAULT_MAX_PIXELS,
-                 sources: tuple[str, Sequence[str | int]] | None = None) -> None:
+                 sources: tuple[str, Sequence[str | int]] | None = None, digest: str | None = None) -> None:
         self.model = model
         #: What runs the network (RUNTIMES).
         self.runtime = "onnxruntime" if isinstance(model, OnnxModel) else "torchscript"
@@ -159,6 +161,8 @@ class EmbeddingService:
         self.max_pixels = max_pixels
         #: (kind, id per gallery item) recorded by training; None for artifacts older than sources.json.
         self.sources = sources
+        #: "sha256:<hex>" of metadata.json, every answer's ``model_digest``; None for a service built in memory.
+        self.digest = digest
         if self.device.type == "cuda":
             # cuDNN convolves float32 in TF32 by default (Ampere and later): 10 mantissa bits, errors of about
             # 1e-3 in the embeddings. Answers on a GPU must be the CPU's (python -m bench.gpu_check): float32.
@@ -194,7 +198,8 @@ class EmbeddingService:
             search_params=metadata.index.get("search_params"),
         )
         sources = read_sources(model_dir, metadata, searcher.index.ntotal)
-        return cls(model, searcher, metadata, device, max_pixels, sources)
+        digest = f"sha256:{sha256_file(model_dir / METADATA_FILE)}"
+        return cls(model, searcher, metadata, device, max_pixels, sources, digest)
 
     def embed(self, batch: np.ndarray) -> np.ndarray:
         """(N, 1, 28, 28) float32 inputs -> (N, D) float32 embeddings, in either runtime."""
@@ -257,6 +262,7 @@ class EmbeddingService:
                     result = result.as_unknown(reason)
                 if embedding is not None and embedding[i]:
                     result = with_embedding(result, embeddings[row], ids[row], self.sources)
+                result.model_digest = self.digest  # a fresh answer of this batch's: set, not copied
                 answers[i] = result
                 timings.unknown += result.unknown
                 timings.top1.append(result.dist)

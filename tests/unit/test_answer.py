@@ -79,12 +79,13 @@ def test_embedding_outputs_pad_missing_rows():
 
 def test_json_round_trip_keeps_options_and_sources():
     answer = Answer(pred="3", dist=0.2, confidence=0.8, unknown=False, nearest_label="3", model_version="2.0",
-                    embedding=(0.5, -0.5), neighbours=(Neighbour("3", 0.2, id=4, file="a/3.png"),
+                    model_digest="sha256:ab", embedding=(0.5, -0.5), neighbours=(Neighbour("3", 0.2, id=4, file="a/3.png"),
                                                        Neighbour("5", 0.3, id=9, dataset_index=17)))
     text = json.dumps(answer.to_json())
     assert text == ('{"pred": "3", "dist": 0.2, "confidence": 0.8, "unknown": false, "reason": null, "nearest_label": '
                     '"3", "neighbours": [{"label": "3", "dist": 0.2, "id": 4, "file": "a/3.png"}, {"label": "5", '
-                    '"dist": 0.3, "id": 9, "dataset_index": 17}], "embedding": [0.5, -0.5], "model_version": "2.0"}')
+                    '"dist": 0.3, "id": 9, "dataset_index": 17}], "embedding": [0.5, -0.5], "model_version": "2.0", '
+                    '"model_digest": "sha256:ab"}')
     assert Answer.from_json(json.loads(text)) == answer
     assert answer["neighbours"][0]["file"] == "a/3.png" and "error" not in answer  # the JSON view
 
@@ -118,5 +119,5 @@ def test_answers_of_a_server_from_before_reason_and_nearest_label_are_read():
 
 def test_tables_show_the_answer_fields_and_not_the_options():
     assert CSV_COLUMNS == ("image", *TABLE_KEYS, "error", "status")
-    assert "embedding" not in TABLE_KEYS and "model_version" not in TABLE_KEYS
+    assert not {"embedding", "model_version", "model_digest"} & set(TABLE_KEYS)
     assert set(TABLE_KEYS) <= set(json.loads(NEAR)) and {"reason", "nearest_label"} <= set(TABLE_KEYS)

@@ -153,8 +153,10 @@ def test_option_off_gives_exactly_the_answers_of_before(service, pngs):
     before = service.searcher.classify(service.embed(np.stack([preprocess(png) for png in pngs])))
     off, _ = service.answer(pngs)
     off_explicit, _ = service.answer(pngs, [False] * len(pngs))
-    assert off == off_explicit == before
-    assert all(set(a) == set(TABLE_KEYS) for a in off)
+    assert off == off_explicit
+    assert [{k: v for k, v in a.items() if k != "model_digest"} for a in off] == before
+    assert {a["model_digest"] for a in off} == {service.digest} and service.digest.startswith("sha256:")
+    assert all(set(a) == {*TABLE_KEYS, "model_digest"} for a in off)
     assert all(set(n) == {"label", "dist"} for a in off for n in a["neighbours"])
 
 

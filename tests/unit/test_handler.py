@@ -12,12 +12,13 @@ from support.imagegen import form_row, json_row, raw_row
 from serving.samples import user_digit_png
 from support.handler_context import make_context, run_batch
 
-from handler.artifacts import LABELS_FILE, METADATA_FILE, ArtifactError
+from handler.artifacts import LABELS_FILE, METADATA_FILE, ArtifactError, sha256_file
 from handler.embedding_handler import EmbeddingHandler
 from handler.preprocessing import preprocess
 from handler.service import EmbeddingService
 
-ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "reason", "nearest_label", "neighbours", "model_version"}
+ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "reason", "nearest_label", "neighbours", "model_version",
+               "model_digest"}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,8 @@ def test_answers_equal_offline_service(loaded, digits, tiny_artifacts):
     offline = service.searcher.classify(service.embed(np.stack([preprocess(png) for png, _ in digits])))
     served, _ = run_batch(handler, context, [raw_row(png) for png, _ in digits])
     assert [a.pop("model_version") for a in served] == ["1.0"] * len(digits)  # from the MAR manifest
+    # the build that answered: metadata.json names every artifact's SHA-256
+    assert {a.pop("model_digest") for a in served} == {f"sha256:{sha256_file(tiny_artifacts / METADATA_FILE)}"}
     assert served == offline
 
 

@@ -15,7 +15,8 @@ from support.handler_context import run_batch
 
 from handler.protocols import MAX_IMAGES, V2_EMBEDDING_OUTPUTS, V2_OUTPUTS, image_count
 
-ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "reason", "nearest_label", "neighbours", "model_version"}
+ANSWER_KEYS = {"pred", "dist", "confidence", "unknown", "reason", "nearest_label", "neighbours", "model_version",
+               "model_digest"}
 JSON_FORM = {"output_format": "json"}
 
 
