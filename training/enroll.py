@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -210,12 +211,32 @@ def merged_sources(directory: Path, metadata: ModelMetadata, size: int, dataset_
     return {"kind": "file", "ids": [*(f"{dataset_name}#{i}" for i in ids), *new_files]}, True
 
 
-def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = False,
-                     holdout: float = DEFAULT_HOLDOUT, calibration_data: str | None = None,
-                     cache_dir: Path | None = None, log: Callable[[str], None] = print) -> ModelMetadata:
-    """Enroll folder `data` into a copy of `artifacts` published at `out`; return the new metadata."""
-    artifacts, out = Path(artifacts), Path(out)
-    started = time.perf_counter()
+@dataclass
+class Gallery:
+    """The gallery after enrollment: every item's vector and label, the index holding them, its index.json record,
+    and the new items' files (their sources.json ids)."""
+
+    index: Any
+    labels: list[str]
+    vectors: np.ndarray
+    info: dict[str, Any]
+    new_files: list[str]
+
+
+@dataclass
+class Calibrated:
+    """The searcher recalibrated on the held-out images, and what metadata.json and metrics.json record of it."""
+
+    searcher: GallerySearcher
+    metrics: dict[str, Any]
+    open_set: dict[str, Any]
+    baseline: dict[str, Any]
+    switch: dict[str, Any] | None
+    held: int
+
+
+def _folder_to_enroll(artifacts: Path, data: str, out: Path) -> Path:
+    """The folder of `data` (folder:DIR), once --artifacts and --out are two separate folders."""
     if not artifacts.is_dir():
         raise EnrollError(f"{artifacts}: no such artifact directory")
     src, dst = artifacts.resolve(), out.resolve()
@@ -226,7 +247,115 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
     parsed = parse_source(data)
     if parsed.layout != "folder" or parsed.local_path is None:
         raise EnrollError(f"--data-source {data!r}: enroll reads labelled images from folder:DIR (DIR/<label>/*.png)")
-    root = parsed.local_path
+    return parsed.local_path
+
+
+def _grown_gallery(artifacts: Path, metadata: ModelMetadata, model: Any, profile: preprocessing.Profile,
+                   new: dict[str, dict[str, Any]], old_labels: list[str]) -> Gallery:
+    """DIR's gallery with the new images' gallery share embedded and added (an IVF index is rebuilt, a flat one
+    grows)."""
+    index = faiss.read_index(str(artifacts / INDEX_FILE))
+    if len(old_labels) != index.ntotal:
+        raise EnrollError(f"{artifacts}: {LABELS_FILE} has {len(old_labels)} labels for {index.ntotal} vectors")
+    canvases = np.concatenate([item["canvases"][item["gallery"]] for item in new.values()])
+    add_vectors = embed(model, profile.normalize(canvases))
+    if add_vectors.shape[1] != index.d:
+        raise EnrollError(f"{artifacts}: model embeds into {add_vectors.shape[1]} dimensions but the index holds "
+                          f"{index.d}")
+    labels = [*old_labels, *(label for label, item in new.items() for _ in item["gallery"])]
+    vectors = np.concatenate([gallery_vectors(index), add_vectors]).astype(np.float32)
+    info = dict(metadata.index)
+    kind = info.get("type", "flat")
+    build_started = time.perf_counter()
+    if kind == "ivf":
+        index = build_index(vectors, "ivf", metadata.seed)
+    else:
+        index.add(np.ascontiguousarray(add_vectors, dtype=np.float32))
+    info.update(rebuilt=kind == "ivf", size=int(index.ntotal), build_seconds=time.perf_counter() - build_started,
+                search_params=info.get("search_params", default_search_params(kind)))
+    new_files = [item["files"][i] for item in new.values() for i in item["gallery"]]
+    return Gallery(index, labels, vectors, info, new_files)
+
+
+def _recalibrated(gallery: Gallery, metadata: ModelMetadata, model: Any, profile: preprocessing.Profile,
+                  calibration: tuple[np.ndarray, list[str]], new: dict[str, dict[str, Any]],
+                  calibration_data: str) -> Calibrated:
+    """The served searcher over `gallery`: the recorded open-set score, an enrolled-class switch when new classes
+    came in, and the threshold recalibrated on the source's held-out split plus the new images' held-out share."""
+    settings = open_set_settings(metadata)
+    score, kth = settings["score"], settings["kth"]
+    prototypes, names = None, None
+    if score == "prototype_distance":
+        names, prototypes = class_prototypes(gallery.vectors, gallery.labels)
+    searcher = GallerySearcher(gallery.index, gallery.labels, k=metadata.k, score=score, kth=kth,
+                               prototypes=prototypes, search_params=gallery.info["search_params"])
+    cal_canvases, cal_labels = calibration
+    held = np.concatenate([cal_canvases, *(item["canvases"][item["held_out"]] for item in new.values())])
+    held_y = [*cal_labels, *(label for label, item in new.items() for _ in item["held_out"])]
+    held_emb = embed(model, profile.normalize(held))
+    if gallery.info.get("type", "flat") != "flat":
+        gallery.info["recall_at_1"] = recall_at_1(gallery.index, gallery.vectors, held_emb)
+    n_cal = len(cal_labels)
+    fitted = fit_switch(gallery.vectors, gallery.labels, metadata.classes, held_emb[:n_cal])
+    switch_record = None
+    if fitted is not None:
+        searcher.switch, switched_share = fitted
+        switch_record = {**searcher.switch.record(), "budget": SWITCH_BUDGET, "ridge": WHITENING_RIDGE,
+                         "calibration": {"source": calibration_data, "n": n_cal, "switched": switched_share}}
+    answers = searcher.classify(held_emb)
+    scores = searcher.scores(held_emb)
+    searcher.threshold = calibrate_threshold(scores)
+    correct = np.array([a.pred == y for a, y in zip(answers, held_y)], dtype=bool)
+    new_correct = correct[n_cal:]
+    metrics = {
+        "accuracy": float(correct.mean()),
+        "accuracy_original_held_out": float(correct[:n_cal].mean()),
+        "accuracy_new_held_out": float(new_correct.mean()) if new_correct.size else None,
+        "new_held_out_unknown": float(np.mean(scores[n_cal:] > searcher.threshold)) if new_correct.size else None,
+        "open_set_rejection": open_set_rejection(searcher, lambda x: embed(model, x)),
+    }
+    open_set = dict(metadata.open_set)
+    open_set.update(threshold=searcher.threshold, calibration={
+        "split": "test+enroll_holdout", "n": int(len(scores)), "accept_quantile": ACCEPT_QUANTILE,
+        "accepted_cross_fitted": cross_fitted_acceptance(scores), "source": calibration_data, "source_test": n_cal,
+        "enrolled_held_out": {label: int(len(item["held_out"])) for label, item in new.items()}})
+    if prototypes is not None:
+        open_set["prototypes"] = {"labels": names, "vectors": prototypes.tolist()}
+    top1 = np.array([a.dist if a.dist is not None else np.inf for a in answers])
+    baseline = drift_baseline(top1, searcher.threshold, split="test+enroll_holdout")
+    baseline["unknown_rate"] = float(np.mean(scores > searcher.threshold))
+    return Calibrated(searcher, metrics, open_set, baseline, switch_record, len(scores))
+
+
+def _publish(staging: Path, artifacts: Path, metadata: ModelMetadata, gallery: Gallery, calibrated: Calibrated,
+             sources: dict[str, Any] | None) -> ModelMetadata:
+    """Write the enrolled artifacts into `staging` with metadata.json's new checksums, and verify them as served."""
+    for name in COPIED:
+        if (artifacts / name).is_file():
+            shutil.copy2(artifacts / name, staging / name)
+    faiss.write_index(gallery.index, str(staging / INDEX_FILE))
+    (staging / LABELS_FILE).write_text(json.dumps(gallery.labels))
+    if sources is not None:
+        (staging / SOURCES_FILE).write_text(json.dumps(sources))
+    (staging / INDEX_INFO_FILE).write_text(json.dumps(gallery.info, indent=2))
+    (staging / METRICS_FILE).write_text(json.dumps(calibrated.metrics, indent=2))
+    onnx = [ONNX_FILE] if ONNX_FILE in metadata.sha256 else []  # verified with DIR
+    for name in onnx:
+        shutil.copy2(artifacts / name, staging / name)
+    checksummed = [MODEL_FILE, INDEX_FILE, LABELS_FILE, *([SOURCES_FILE] if sources is not None else []), *onnx]
+    metadata = metadata.replace(sha256={name: sha256_file(staging / name) for name in checksummed})
+    metadata.write(staging)
+    verify_artifacts(staging)
+    return metadata
+
+
+def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = False,
+                     holdout: float = DEFAULT_HOLDOUT, calibration_data: str | None = None,
+                     cache_dir: Path | None = None, log: Callable[[str], None] = print) -> ModelMetadata:
+    """Enroll folder `data` into a copy of `artifacts` published at `out`; return the new metadata."""
+    artifacts, out = Path(artifacts), Path(out)
+    started = time.perf_counter()
+    root = _folder_to_enroll(artifacts, data, out)
     reads = [artifacts, root, *source_reads(calibration_data, cache_dir)]
     artifacts_folder(out, reads=reads)  # before any work; staged_directory checks again
     metadata = check_artifacts(artifacts)
@@ -241,117 +370,33 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
     existing = sorted(set(new) & set(old_labels))
     if new_only and existing:
         raise EnrollError(f"{root}: label {existing[0]!r} already exists in {artifacts} (--new-only)")
-    cal_canvases, cal_labels = calibration_images(calibration_data, metadata, cache_dir)
+    calibration = calibration_images(calibration_data, metadata, cache_dir)
 
     model = torch.jit.load(str(artifacts / MODEL_FILE), map_location="cpu").eval()
-    index = faiss.read_index(str(artifacts / INDEX_FILE))
-    if len(old_labels) != index.ntotal:
-        raise EnrollError(f"{artifacts}: {LABELS_FILE} has {len(old_labels)} labels for {index.ntotal} vectors")
-    probe = embed(model, profile.normalize(cal_canvases[:1]))
-    if probe.shape[1] != index.d:
-        raise EnrollError(f"{artifacts}: model embeds into {probe.shape[1]} dimensions but the index holds {index.d}")
-    old_vectors = gallery_vectors(index)
-
-    add_labels, add_files, add_canvases, held_canvases, held_labels = [], [], [], [], []
-    for label, item in new.items():
-        add_canvases.append(item["canvases"][item["gallery"]])
-        add_labels += [label] * len(item["gallery"])
-        add_files += [item["files"][i] for i in item["gallery"]]
-        held_canvases.append(item["canvases"][item["held_out"]])
-        held_labels += [label] * len(item["held_out"])
-    add_vectors = embed(model, profile.normalize(np.concatenate(add_canvases)))
-    labels = [*old_labels, *add_labels]
-    vectors = np.concatenate([old_vectors, add_vectors]).astype(np.float32)
-
-    index_info = dict(metadata.index)
-    kind = index_info.get("type", "flat")
-    build_started = time.perf_counter()
-    if kind == "ivf":
-        index = build_index(vectors, "ivf", metadata.seed)
-        index_info["rebuilt"] = True
-    else:
-        index.add(np.ascontiguousarray(add_vectors, dtype=np.float32))
-        index_info["rebuilt"] = False
-    index_info.update(size=int(index.ntotal), build_seconds=time.perf_counter() - build_started,
-                      search_params=index_info.get("search_params", default_search_params(kind)))
-
-    settings = open_set_settings(metadata)
-    score, kth = settings["score"], settings["kth"]
-    prototypes, names = None, None
-    if score == "prototype_distance":
-        names, prototypes = class_prototypes(vectors, labels)
-    searcher = GallerySearcher(index, labels, k=metadata.k, score=score, kth=kth, prototypes=prototypes,
-                               search_params=index_info["search_params"])
-    held = np.concatenate([cal_canvases, *held_canvases])
-    held_y = [*cal_labels, *held_labels]
-    held_emb = embed(model, profile.normalize(held))
-    if kind != "flat":
-        index_info["recall_at_1"] = recall_at_1(index, vectors, held_emb)
-    n_cal = len(cal_labels)
-    fitted = fit_switch(vectors, labels, metadata.classes, held_emb[:n_cal])
-    switch_record = None
-    if fitted is not None:
-        searcher.switch, switched_share = fitted
-        switch_record = {**searcher.switch.record(), "budget": SWITCH_BUDGET, "ridge": WHITENING_RIDGE,
-                         "calibration": {"source": calibration_data, "n": n_cal, "switched": switched_share}}
-    answers = searcher.classify(held_emb)
-    scores = searcher.scores(held_emb)
-    searcher.threshold = calibrate_threshold(scores)
-    accepted = cross_fitted_acceptance(scores)
-    correct = np.array([a["pred"] == y for a, y in zip(answers, held_y)], dtype=bool)
-    new_correct = correct[n_cal:]
-    metrics = {
-        "accuracy": float(correct.mean()),
-        "accuracy_original_held_out": float(correct[:n_cal].mean()),
-        "accuracy_new_held_out": float(new_correct.mean()) if new_correct.size else None,
-        "new_held_out_unknown": float(np.mean(scores[n_cal:] > searcher.threshold)) if new_correct.size else None,
-        "open_set_rejection": open_set_rejection(searcher, lambda x: embed(model, x)),
-    }
+    gallery = _grown_gallery(artifacts, metadata, model, profile, new, old_labels)
+    calibrated = _recalibrated(gallery, metadata, model, profile, calibration, new, calibration_data)
+    sources, rewritten = merged_sources(artifacts, metadata, len(old_labels), dataset_name, gallery.new_files)
     added = {label: int(len(item["gallery"])) for label, item in new.items()}
-    held_out = {label: int(len(item["held_out"])) for label, item in new.items()}
-    open_set = dict(metadata.open_set)
-    open_set.update(threshold=searcher.threshold, calibration={
-        "split": "test+enroll_holdout", "n": int(len(scores)), "accept_quantile": ACCEPT_QUANTILE,
-        "accepted_cross_fitted": accepted, "source": calibration_data, "source_test": n_cal,
-        "enrolled_held_out": held_out})
-    if prototypes is not None:
-        open_set["prototypes"] = {"labels": names, "vectors": prototypes.tolist()}
-    top1 = np.array([a["dist"] if a["dist"] is not None else np.inf for a in answers])
-    baseline = drift_baseline(top1, searcher.threshold, split="test+enroll_holdout")
-    baseline["unknown_rate"] = float(np.mean(scores > searcher.threshold))
-    sources, rewritten = merged_sources(artifacts, metadata, len(old_labels), dataset_name, add_files)
+    held_out = calibrated.open_set["calibration"]["enrolled_held_out"]
     record = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "from": str(artifacts.resolve()),
               "from_metadata_sha256": sha256_file(artifacts / METADATA_FILE), "data": data, "new_only": new_only,
               "holdout": holdout, "added": added, "held_out": held_out,
               "new_labels": sorted(set(new) - set(old_labels)), "existing_labels": existing,
               "sources_rewritten": rewritten, "seconds": None}
-    new_meta = metadata.replace(created=record["created"], index=index_info, open_set=open_set,
-                                metrics=Metrics(metrics["accuracy"], metrics["open_set_rejection"]),
-                                drift_baseline=baseline, enrollment=(*metadata.enrollment, record),
-                                enrolled_switch=switch_record)  # an earlier enrollment's switch: recomputed above
+    new_meta = metadata.replace(created=record["created"], index=gallery.info, open_set=calibrated.open_set,
+                                metrics=Metrics(calibrated.metrics["accuracy"],
+                                                calibrated.metrics["open_set_rejection"]),
+                                drift_baseline=calibrated.baseline, enrollment=(*metadata.enrollment, record),
+                                enrolled_switch=calibrated.switch)  # an earlier enrollment's switch: recomputed
     reads += source_reads(calibration_data, cache_dir)  # the recorded source, when it was not given
     with staged_directory(out, reads, "python -m training enroll") as staging:
-        for name in COPIED:
-            if (artifacts / name).is_file():
-                shutil.copy2(artifacts / name, staging / name)
-        faiss.write_index(index, str(staging / INDEX_FILE))
-        (staging / LABELS_FILE).write_text(json.dumps(labels))
-        if sources is not None:
-            (staging / SOURCES_FILE).write_text(json.dumps(sources))
-        (staging / INDEX_INFO_FILE).write_text(json.dumps(index_info, indent=2))
-        (staging / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
         record["seconds"] = round(time.perf_counter() - started, 3)
-        onnx = [ONNX_FILE] if ONNX_FILE in metadata.sha256 else []  # verified with DIR
-        for name in onnx:
-            shutil.copy2(artifacts / name, staging / name)
-        checksummed = [MODEL_FILE, INDEX_FILE, LABELS_FILE, *([SOURCES_FILE] if sources is not None else []), *onnx]
-        new_meta = new_meta.replace(sha256={name: sha256_file(staging / name) for name in checksummed})
-        new_meta.write(staging)
-        verify_artifacts(staging)
+        new_meta = _publish(staging, artifacts, new_meta, gallery, calibrated, sources)
+    searcher, switch, n_cal = calibrated.searcher, calibrated.switch, len(calibration[1])
     log(f"enrolled {sum(added.values())} images ({', '.join(f'{k}: {v}' for k, v in added.items())}) into "
-        f"{index.ntotal} gallery items; {score} threshold {searcher.threshold:.4f} recalibrated on {len(scores)} "
-        f"held-out images ({n_cal} from {calibration_data}, {sum(held_out.values())} new)"
-        + ("" if switch_record is None else
-           f"; enrolled-class switch for {', '.join(switch_record['enrolled'])} at tau {switch_record['tau']:.3f} "
-           f"({switch_record['calibration']['switched']:.2%} of the {n_cal} trained-class held-out images switch)"))
+        f"{gallery.index.ntotal} gallery items; {searcher.score} threshold {searcher.threshold:.4f} recalibrated on "
+        f"{calibrated.held} held-out images ({n_cal} from {calibration_data}, {sum(held_out.values())} new)"
+        + ("" if switch is None else
+           f"; enrolled-class switch for {', '.join(switch['enrolled'])} at tau {switch['tau']:.3f} "
+           f"({switch['calibration']['switched']:.2%} of the {n_cal} trained-class held-out images switch)"))
     return new_meta

@@ -153,7 +153,7 @@ def train_model(
     profile: Profile = DIGITS,
 ) -> tuple[EmbeddingNet, History]:
     """Train on normalised inputs (N, 1, 28, 28) of ``profile``; returns the eval-mode model and per-epoch
-    history."""
+    history. One function on purpose: the epoch loop reads top to bottom as one training step is taken."""
     config = resolve_profile_defaults(config, profile.name)
     check_precision(config.precision, log)
     seed_everything(config.seed)

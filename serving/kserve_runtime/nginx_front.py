@@ -98,7 +98,8 @@ def _route(match: str, name: str, proxy: tuple[str, ...]) -> str:
 
 
 def render(settings: FrontSettings) -> str:
-    """nginx.conf for `settings` (paths absolute, so nginx runs as any user from any directory)."""
+    """nginx.conf for `settings` (paths absolute, so nginx runs as any user from any directory). Long because it is
+    the whole template, in the order nginx reads it."""
     run = settings.runtime_dir
     upstream = settings.torchserve.split("://", 1)[-1].rstrip("/")
     versions = ", ".join(f"[ {_lua_string(v)} ] = true" for v in settings.versions)
