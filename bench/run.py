@@ -26,7 +26,7 @@ from typing import Any
 from handler.metadata import ModelMetadata
 from serving.archive import ArchiveError
 from settings import DEFAULT_ARTIFACTS, cache_root
-from serving.server import ServerError, free_ports
+from serving.server import LocalServerError, free_ports
 
 from . import ceiling, coldstart, env, gallery, output, report
 from .client_batch import v1_bodies, v1_script
@@ -120,7 +120,7 @@ def run_torchserve(settings: Settings, data: ServingData, root: Path) -> tuple[l
             with ts:
                 grpc_here = measure_torchserve(settings, data, ts, entry, start_times, needs_rest)
                 grpc_result = grpc_here or grpc_result
-        except (ServerError, ArchiveError, LoadError, RuntimeError, OSError) as exc:
+        except (LocalServerError, ArchiveError, LoadError, RuntimeError, OSError) as exc:
             log(f"TorchServe {cfg.name} failed: {exc}")
             entry["error"] = str(exc)
         finally:

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from dataclasses import replace
 
-    from serving.server import ServerError as TorchServeError, private_instance, start, stop
+    from serving.server import LocalServerError as TorchServeError, private_instance, start, stop
 
     instance = None
     try:

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from cli_common import EXIT_INTERRUPTED, EXIT_USAGE, Parser, fail, output_dir, output_file
-from cli_common import UsageError as PathError
+from cli_common import EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, output_dir, output_file
 from owned_paths import replaceable_file, starts_with
-from serving.server import ServerError
+from serving.server import LocalServerError
 from training.data.sources import parse_source
 
 from . import backend, images, kfp_api, local_command, preflight, rollback
@@ -37,10 +36,6 @@ RUNTIME_HEADER = f"# {RUNTIME_MANIFEST.name} with the serving image "
 
 class CliError(Exception):
     """One-line reason the command failed."""
-
-
-class UsageError(CliError):
-    """One-line reason the command cannot start as given (exit code 2, like argparse's)."""
 
 
 def _host(text: str) -> str:
@@ -271,7 +266,7 @@ def _submit(args: argparse.Namespace, values: dict[str, Any], image: str, option
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    """The files and folders the command writes, before anything slow starts (PathError otherwise): each may
+    """The files and folders the command writes, before anything slow starts (UsageError otherwise): each may
     replace only what the same command wrote before (owned_paths)."""
     if args.command == "compile":
         output_file(args.out, "--out")
@@ -289,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         _check_paths(args)
-    except PathError as exc:
+    except UsageError as exc:
         return fail("pipeline", exc, EXIT_USAGE)
     if args.command == "rollback":
         return rollback.run(args)
@@ -314,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             local_command.run(args.workdir, args.serve_workdir, values)
     except UsageError as exc:
         return fail("pipeline", exc, EXIT_USAGE)
-    except (CliError, kfp_api.ApiError, P.ParamError, ServerError, local_command.RunLocalError) as exc:
+    except (CliError, kfp_api.ApiError, P.ParamError, LocalServerError, local_command.RunLocalError) as exc:
         return fail("pipeline", exc)
     except KeyboardInterrupt:
         return fail("pipeline", "interrupted", EXIT_INTERRUPTED)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from settings import CONFIG_FILE, REPO
-from serving.server import Instance, ServerError, start, stop
+from serving.server import Instance, LocalServerError, start, stop
 
 DEFAULT_WORKDIR = REPO / "local_outputs" / "serve"
 
@@ -24,9 +24,9 @@ def serve_archive(model_store: Path, model_name: str, workdir: str | Path = "", 
     """
     instance = local_instance(model_name, workdir, config)
     if not (Path(model_store) / f"{model_name}.mar").is_file():
-        raise ServerError(f"{Path(model_store) / f'{model_name}.mar'} not found")
+        raise LocalServerError(f"{Path(model_store) / f'{model_name}.mar'} not found")
     if not instance.config.is_file():
-        raise ServerError(f"{instance.config}: TorchServe config not found")
+        raise LocalServerError(f"{instance.config}: TorchServe config not found")
     instance.workdir.mkdir(parents=True, exist_ok=True)
     if stop(instance):
         print(f"stopped the TorchServe previously running for {instance.workdir}")

@@ -14,7 +14,7 @@ from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, 
                         output_dir, positive_seconds)
 from settings import CONFIG_FILE, MODEL_NAME, REPO, SettingsError, check_model_name, read_properties
 
-from .server import (Instance, ServerError, holder_of, model_store_for, recorded_on_ports, server_name, start,
+from .server import (Instance, LocalServerError, holder_of, model_store_for, recorded_on_ports, server_name, start,
                      stop)
 
 PROG = "python -m serving"
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         instance = Instance(args.workdir.resolve(), args.config.resolve(), args.model_name)
         return _start(args, instance) if args.command == "start" else _stop(instance)
-    except ServerError as exc:
+    except LocalServerError as exc:
         return fail("serving", exc)
     except OSError as exc:
         return fail("serving", os_error(exc))
@@ -126,7 +126,7 @@ def _stop(instance: Instance) -> int:
     held = [f"port {port} ({what}) is held{holders[port]}" for what, port in instance.endpoints.ports().items()
             if holders[port]]
     if held:
-        raise ServerError(f"{'; '.join(held)}: no project command recorded starting it, so it is left running; "
+        raise LocalServerError(f"{'; '.join(held)}: no project command recorded starting it, so it is left running; "
                           "stop it yourself or pass --config with other ports")
     print("TorchServe was not running")
     return 0

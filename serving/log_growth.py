@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from settings import CONFIG_FILE, MODEL_NAME, REPO, SettingsError
 
-from .server import Instance, ServerError
+from .server import Instance, LocalServerError
 
 #: The frontend's access-log line for a prediction (TorchServe's own format: client, request line, status, ms).
 PREDICTION_LINE = re.compile(rb'"POST /predictions/[^ ]+ HTTP/1\.1" \d{3} \d+$')
@@ -126,10 +126,10 @@ def measure(instance: Instance, requests: int, image: bytes) -> tuple[dict[str, 
         for _ in range(requests):
             status, body = sender.post(image, "application/octet-stream")
             if status != 200:
-                raise ServerError(f"a sample digit got HTTP {status}: {body[:200]!r}")
+                raise LocalServerError(f"a sample digit got HTTP {status}: {body[:200]!r}")
         refused, _ = sender.post(refused_body(marker, image), "application/x-www-form-urlencoded")
     except (OSError, http.client.HTTPException) as exc:
-        raise ServerError(f"{url}: {exc}") from None
+        raise LocalServerError(f"{url}: {exc}") from None
     finally:
         sender.close()
     wait_for_access_lines(logs, expected)
@@ -152,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     instance = Instance(workdir, config.resolve(), args.model_name)
     try:
         if instance.pid() is None:
-            raise ServerError(f"no TorchServe running from {workdir} (start it with python -m serving start)")
+            raise LocalServerError(f"no TorchServe running from {workdir} (start it with python -m serving start)")
         added, holding, refused = measure(instance, args.requests, sample_digit())
-    except (OSError, ServerError, SettingsError) as exc:
+    except (OSError, LocalServerError, SettingsError) as exc:
         print(f"log_growth: error: {exc}", file=sys.stderr)
         return 1
     scale = 1000 / args.requests

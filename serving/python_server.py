@@ -25,7 +25,7 @@ from settings import read_properties
 from torchserve_api import instances
 
 from .gateway.app import API_KEY_ENV
-from .server import Instance, ServerError, check_free, held_interrupts, recorded_here, stop
+from .server import Instance, LocalServerError, check_free, held_interrupts, recorded_here, stop
 
 RUNTIME = "python"
 MODULE = "serving.python_runtime"
@@ -45,16 +45,16 @@ def served_ports(instance: Instance) -> dict[str, int]:
 
 def archives(model_store: Path, models: str | None, instance: Instance) -> list[Path]:
     """The archives to serve: `models` (TorchServe's --models, comma-separated names), else the config's
-    load_models; ServerError for none, for "all", or for a file not in the store."""
+    load_models; LocalServerError for none, for "all", or for a file not in the store."""
     load = models or read_properties(instance.config).get("load_models", "")
     names = [m.split("=")[-1].strip() for m in load.split(",") if m.strip()]
     if not names or any(name in ("all", "ALL") for name in names):
-        raise ServerError(f"the python runtime serves named archives: pass --mar, or set load_models in "
+        raise LocalServerError(f"the python runtime serves named archives: pass --mar, or set load_models in "
                           f"{instance.config.name} to the .mar files")
     paths = [Path(model_store) / name for name in names]
     for path in paths:
         if not path.is_file():
-            raise ServerError(f"{path} not found: build it with ./archive.sh")
+            raise LocalServerError(f"{path} not found: build it with ./archive.sh")
     return paths
 
 
@@ -128,7 +128,7 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
     running = recorded_here(instance)
     if instance.pid() is not None or running is not None:
         what = running.describe() if running is not None else f"TorchServe pid {instance.pid()}"
-        raise ServerError(f"{what} is running; stop it first")
+        raise LocalServerError(f"{what} is running; stop it first")
     paths = archives(model_store, models, instance)
     check_free(instance, served_ports(instance))
     instances.ensure_dir()
@@ -138,9 +138,9 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
             process = launch(instance, paths, threads)
         while not ready(instance):
             if process.poll() is not None:
-                raise ServerError(f"the python runtime exited during start: {_last_error(log_file(instance))}")
+                raise LocalServerError(f"the python runtime exited during start: {_last_error(log_file(instance))}")
             if time.monotonic() - started > timeout:
-                raise ServerError(f"not ready after {timeout:.0f}s: see {log_file(instance)}")
+                raise LocalServerError(f"not ready after {timeout:.0f}s: see {log_file(instance)}")
             time.sleep(0.2)
     except BaseException:
         with held_interrupts():

@@ -37,7 +37,7 @@ PID_FILE = ".model_server.pid"  # TorchServe's launcher writes it into $TMPDIR
 LOG_RECORD = re.compile(r"^\d{4}-\d{2}-\d{2}T")
 
 
-class ServerError(Exception):
+class LocalServerError(Exception):
     """One-line reason the server could not be started, reached or stopped."""
 
 
@@ -90,7 +90,7 @@ class Instance:
         try:
             return {kind: from_key_file(self.key_file, kind).value for kind in ("inference", "management", "API")}
         except ClientError as exc:
-            raise ServerError(str(exc)) from None
+            raise LocalServerError(str(exc)) from None
 
 
 def _is_torchserve(pid: int) -> bool:
@@ -188,18 +188,18 @@ def wait_ready(instance: Instance, timeout: float = 120.0, offsets: tuple[int, i
         offsets = log_offsets(instance)
     while time.monotonic() < deadline:
         if instance.pid() is None and time.monotonic() - started > 3:
-            raise ServerError(f"TorchServe exited during start: {_diagnose(instance)}")
+            raise LocalServerError(f"TorchServe exited during start: {_diagnose(instance)}")
         failure = load_failure(instance, offsets)
         if failure:
-            raise ServerError(failure)
+            raise LocalServerError(failure)
         try:
             versions = model_status(instance)
             if versions and all(any(w.get("status") == "READY" for w in v.get("workers", [])) for v in versions):
                 return time.monotonic() - started
-        except (ServerError, ClientError):
+        except (LocalServerError, ClientError):
             pass
         time.sleep(0.2)
-    raise ServerError(f"no READY worker for {instance.model_name} after {timeout:.0f}s: {_diagnose(instance)}")
+    raise LocalServerError(f"no READY worker for {instance.model_name} after {timeout:.0f}s: {_diagnose(instance)}")
 
 
 def model_store_for(config: Path, given: Path | None = None) -> Path:
@@ -222,10 +222,10 @@ def holder_of(port: int) -> str:
 
 
 def check_free(instance: Instance, ports: dict[str, int] | None = None) -> None:
-    """ServerError naming what holds a port of the config (or of `ports`), if anything does."""
+    """LocalServerError naming what holds a port of the config (or of `ports`), if anything does."""
     for what, port in (instance.endpoints.ports() if ports is None else ports).items():
         if port_in_use(port):
-            raise ServerError(f"port {port} ({what}) is already in use{holder_of(port)}: stop the other server or "
+            raise LocalServerError(f"port {port} ({what}) is already in use{holder_of(port)}: stop the other server or "
                               f"change {instance.config.name}")
 
 
@@ -278,18 +278,18 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
     `models`: TorchServe's --models (default: load_models of the config); `threads` is OMP_NUM_THREADS of the
     workers (default settings.WORKER_THREADS). A failure or a Ctrl-C before READY leaves no server running."""
     if shutil.which("java") is None:
-        raise ServerError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
+        raise LocalServerError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
     if instance.pid() is not None:
-        raise ServerError(f"TorchServe already running (pid {instance.pid()}); stop it first")
+        raise LocalServerError(f"TorchServe already running (pid {instance.pid()}); stop it first")
     other = recorded_here(instance)
     if other is not None:
-        raise ServerError(f"{other.describe()} is running; stop it first")
+        raise LocalServerError(f"{other.describe()} is running; stop it first")
     (instance.tmpdir / PID_FILE).unlink(missing_ok=True)  # stale: the frontend died without cleaning up
     props = read_properties(instance.config)
     load = models or props.get("load_models", "")
     for name in filter(None, (m.split("=")[-1].strip() for m in load.split(","))):
         if name not in ("all", "ALL") and not (Path(model_store) / name).exists():
-            raise ServerError(f"{Path(model_store) / name} not found: build it with ./archive.sh")
+            raise LocalServerError(f"{Path(model_store) / name} not found: build it with ./archive.sh")
     check_free(instance)
     instances.ensure_dir()  # where the start is recorded: unwritable is an error before anything runs
     offsets = log_offsets(instance)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from serving.server import PID_FILE, ServerError, private_instance, start, stop
+from serving.server import PID_FILE, LocalServerError, private_instance, start, stop
 
 from handler.artifacts import sha256_file
 from serving.archive import PARTIAL_PREFIX, ArchiveError, build_mar
@@ -150,7 +150,7 @@ def test_start_reports_a_taken_port_and_leaves_nothing_running(model_store, tmp_
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", port))
         blocker.listen()
-        with pytest.raises(ServerError, match=f"port {port} \\(inference\\) is already in use"):
+        with pytest.raises(LocalServerError, match=f"port {port} \\(inference\\) is already in use"):
             start(instance, model_store)
     assert instance.pid() is None and torchserve_processes(instance.workdir) == []
 
@@ -158,7 +158,7 @@ def test_start_reports_a_taken_port_and_leaves_nothing_running(model_store, tmp_
 @pytest.mark.serving
 def test_start_reports_missing_archive(tmp_path):
     instance = private_instance(tmp_path / "ts")
-    with pytest.raises(ServerError, match="embedding.mar not found"):
+    with pytest.raises(LocalServerError, match="embedding.mar not found"):
         start(instance, tmp_path / "empty-store")
 
 
