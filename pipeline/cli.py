@@ -18,7 +18,7 @@ from owned_paths import replaceable_file, starts_with
 from serving.server import LocalServerError
 from training.data.sources import parse_source
 
-from . import backend, images, kfp_api, local_command, preflight, rollback
+from . import images, kfp_api, kfp_backend, local_command, preflight, rollback
 from . import options as O
 from . import params as P
 
@@ -51,10 +51,10 @@ def _host(text: str) -> str:
     return text
 
 
-def _backend_version(text: str) -> backend.Version:
+def _backend_version(text: str) -> kfp_backend.Version:
     """argparse type: a KFP backend version, X.Y.Z."""
-    version = backend.parse_version(text)
-    if version is None or backend.version_text(version) != text.removeprefix("v"):
+    version = kfp_backend.parse_version(text)
+    if version is None or kfp_backend.version_text(version) != text.removeprefix("v"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a version X.Y.Z")
     return version
 
@@ -120,8 +120,8 @@ def _image(args: argparse.Namespace) -> str:
     return resolved.ref
 
 
-def _compile(out: Path, image: str, options: O.CompileOptions) -> tuple[Path, backend.Version, str]:
-    """Compile into `out` for the oldest backend that can read it (pipeline.backend.for_oldest); every
+def _compile(out: Path, image: str, options: O.CompileOptions) -> tuple[Path, kfp_backend.Version, str]:
+    """Compile into `out` for the oldest backend that can read it (pipeline.kfp_backend.for_oldest); every
     executor must name `image` (a package that does not is not written). Returns the package, the backend
     version it needs and why."""
     import yaml
@@ -144,13 +144,13 @@ def _compile(out: Path, image: str, options: O.CompileOptions) -> tuple[Path, ba
     try:
         compiler.Compiler().compile(pipeline, str(tmp))
         spec, platform = _documents(tmp)
-        backend.for_oldest(spec, platform)
+        kfp_backend.for_oldest(spec, platform)
         _set_executor_images(spec, image, DEFAULT_PIPELINE_IMAGE)
         tmp.write_text(COMPILE_HEADER + yaml.safe_dump_all([spec, platform] if platform else [spec], sort_keys=False))
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return (out, *backend.required(spec, platform))
+    return (out, *kfp_backend.required(spec, platform))
 
 
 def _documents(package: Path) -> tuple[dict, dict]:
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compile":
             options = O.from_namespace(args)
             out, needed, why = _compile(args.out, _image(args), options)
-            print(f"wrote {out} (needs KFP backend {backend.version_text(needed)} or later: {why})")
+            print(f"wrote {out} (needs KFP backend {kfp_backend.version_text(needed)} or later: {why})")
             return 0
         values = P.validate(P.from_namespace(args))
         if args.command == "submit":

@@ -196,14 +196,14 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
     What was deployed (accuracy, open-set rejection, version, .mar SHA-256, run id) is recorded in the
     ConfigMap `<service>-deployed-model` once the new revision serves: the next run's gate reads it. Storage
     credentials come from the mounted storage Secret's files (pipeline.params.storage_environment). The run id is
-    the pod's run-id label where the pipeline sets it as $KFP_RUN_ID, else `run_id` (pipeline.backend.run_id).
+    the pod's run-id label where the pipeline sets it as $KFP_RUN_ID, else `run_id` (pipeline.kfp_backend.run_id).
     """
     import json
     import os
     from pathlib import Path
 
     from handler.artifacts import sha256_file
-    from pipeline.backend import run_id as resolved_run_id
+    from pipeline.kfp_backend import run_id as resolved_run_id
     from pipeline.gate import annotations_for
     from pipeline.kserve_deploy import KServeTarget, deploy
     from pipeline.params import storage_environment

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from . import backend, releases
+from . import kfp_backend, releases
 
 TOKEN_ENV = "KF_PIPELINES_TOKEN"
 HEALTHZ_PATH = "/apis/v2beta1/healthz"
@@ -103,23 +103,23 @@ def backend_health(host: str, token: str | None) -> dict:
     return health
 
 
-def check_version(host: str, health: dict, needed: backend.Version, why: str,
-                   stated: backend.Version | None = None) -> None:
+def check_version(host: str, health: dict, needed: kfp_backend.Version, why: str,
+                   stated: kfp_backend.Version | None = None) -> None:
     """Refuse a backend older than the compiled package needs, and one whose version is not known: healthz's
     `tag_name`, else the --backend-version the user states. A backend newer than the newest supported release
     (pipeline.releases) is accepted with a warning: its messages are a superset of those the package was
     checked against."""
     tag = health.get("tag_name")
-    reported = backend.parse_version(tag)
-    minimum = backend.version_text(needed)
+    reported = kfp_backend.parse_version(tag)
+    minimum = kfp_backend.version_text(needed)
     if reported is not None and stated is not None and reported != stated:
-        raise ApiError(f"--backend-version {backend.version_text(stated)}, but {host} reports KFP backend {tag}")
+        raise ApiError(f"--backend-version {kfp_backend.version_text(stated)}, but {host} reports KFP backend {tag}")
     version = reported or stated
     if version is None:
         raise ApiError(f"{host} does not report its Kubeflow Pipelines version (healthz tag_name {tag!r}, as the "
                        f"images of {unnamed_text()} answer), so this package's need for {minimum} or later "
                        f"cannot be checked: pass --backend-version with the version your Kubeflow ships")
-    shown = tag if reported else f"{backend.version_text(version)} (--backend-version)"
+    shown = tag if reported else f"{kfp_backend.version_text(version)} (--backend-version)"
     if version < needed:
         raise ApiError(f"KFP backend {shown} is older than {minimum}, which this package needs: {why}")
     newest = releases.NEWEST

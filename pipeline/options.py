@@ -1,8 +1,8 @@
 """Compile options: what is fixed in the package when it is compiled (not a run parameter).
 
-On the oldest supported backend (pipeline.backend.OLDEST) a Secret's name, the task pods' image pull secrets
+On the oldest supported backend (pipeline.kfp_backend.OLDEST) a Secret's name, the task pods' image pull secrets
 and task resources cannot come from run parameters, so they are compile options; `--secret-name-parameter`
-makes the storage Secret's name a run parameter for backends that read it (pipeline.backend.FEATURES).
+makes the storage Secret's name a run parameter for backends that read it (pipeline.kfp_backend.FEATURES).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import argparse
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import backend
+from . import kfp_backend
 from . import params as P
 
 #: What --secret-name-parameter puts in the package.
-SECRET_NAME_PARAMETER = backend.FEATURES[("secretAsVolume", "secretNameParameter")]
+SECRET_NAME_PARAMETER = kfp_backend.FEATURES[("secretAsVolume", "secretNameParameter")]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=P.STORAGE_SECRET.help + f" (default: {P.STORAGE_SECRET.default!r})")
     group.add_argument("--secret-name-parameter", action="store_true",
                        help="make the storage Secret's name the run parameter storage_secret (needs KFP backend "
-                            f"{backend.version_text(SECRET_NAME_PARAMETER.since)} or later)")
+                            f"{kfp_backend.version_text(SECRET_NAME_PARAMETER.since)} or later)")
     group.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
                        help="Secret every task pod pulls the pipeline image with (repeatable)")
     group.add_argument("--data-pvc-claim", default="", metavar="CLAIM",

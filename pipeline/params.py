@@ -106,7 +106,7 @@ def storage_environment(mount: Path = Path(STORAGE_SECRET_MOUNT),
     """The variables of STORAGE_SECRET_ENV the mounted Secret holds and `environ` (os.environ) lacks.
 
     The deploy task reads them from the mounted files rather than through secretAsEnv: an optional
-    secretAsEnv needs a newer backend than pipeline.backend.OLDEST, while an optional Secret volume does not.
+    secretAsEnv needs a newer backend than pipeline.kfp_backend.OLDEST, while an optional Secret volume does not.
     """
     environ = os.environ if environ is None else environ
     found = {key: (mount / key).read_text().strip() for key in STORAGE_SECRET_ENV

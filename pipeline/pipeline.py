@@ -16,7 +16,7 @@ from kfp.compiler.compiler_utils import _cpu_to_float, _memory_to_float
 from settings import PVC_MOUNT_DEFAULT
 from training.params import CONFIG_FIELDS
 
-from .backend import RUN_ID_ENV, RUN_ID_FIELD_PATH
+from .kfp_backend import RUN_ID_ENV, RUN_ID_FIELD_PATH
 from .components import (archive, build_index, check_quality, compare_with_deployed, deploy_kserve, deploy_local,
                          evaluate, load_data, train)
 from .options import CompileOptions
@@ -103,7 +103,7 @@ def _deploy_kserve(task: _Tasks, secret: Any, inputs: dict[str, Any]) -> dsl.Pip
     ever a pipeline parameter. The task reads the credentials from the files (params.storage_environment).
 
     The run id for the deploy record comes from the pod's own run-id label as an environment variable
-    (pipeline.backend.RUN_ID_LABEL): drivers before 2.5.0 pass the run_id input, {{$.pipeline_job_uuid}}, through
+    (pipeline.kfp_backend.RUN_ID_LABEL): drivers before 2.5.0 pass the run_id input, {{$.pipeline_job_uuid}}, through
     unresolved, while every supported driver sets field-path variables."""
     deploy = task(deploy_kserve(**inputs)).set_caching_options(False)
     kubernetes.use_secret_as_volume(deploy, secret_name=secret, mount_path=STORAGE_SECRET_MOUNT, optional=True)

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace, url: str, queue: str) -> int:
     from client import ClientError
 
-    from .backend import ModelBackend, TokenSource, default_inference_url, default_model
+    from .model_backend import ModelBackend, TokenSource, default_inference_url, default_model
     from .bridge import Bridge, BridgeError, BridgeSettings
 
     try:

@@ -33,7 +33,7 @@ from pika.spec import Basic, BasicProperties
 
 from handler.requests import RequestError
 
-from .backend import Outcome
+from .model_backend import Outcome
 from .protocol import encode_answer, error_answer, image_from_message
 from .broker import DEFAULT_QUEUE, DEFAULT_URL, Topology, connect
 

@@ -7,7 +7,7 @@ gateway (:mod:`serving.gateway.app`) turns what KServe's and Triton's clients se
 the model's description come from the backend too.
 
 - :class:`serving.kserve_runtime.torchserve.Upstream`: TorchServe on loopback, reached over HTTP;
-- :class:`serving.python_runtime.backend.InProcessBackend`: the handler core in the gateway's process.
+- :class:`serving.python_runtime.in_process.InProcessBackend`: the handler core in the gateway's process.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from serving.gateway.app import API_KEY_ENV, Gateway, Handler
 from serving.gateway.drain import EXIT_MARGIN_S, ShutdownTimes, StopSignals, drain
 from serving.gateway.grpc_server import GrpcStartError, start_grpc
 from serving.gateway_metrics import GatewayMetrics
-from serving.python_runtime.backend import InProcessBackend, Served
+from serving.python_runtime.in_process import InProcessBackend, Served
 from serving.python_runtime.handler_core import HandlerCore
 from serving.python_runtime.metrics import RuntimeMetrics
 from serving.python_runtime.plan import EXIT_LOAD_REFUSED, Plan

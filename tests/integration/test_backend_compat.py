@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import backend
+from pipeline import kfp_backend
 from pipeline.options import DEFAULT_RESOURCES, TASKS, CompileOptions, Resources
 from settings import REPO
 
@@ -46,7 +46,7 @@ def _items(spec: dict, platform: dict) -> dict[str, dict]:
              "PipelineDeploymentConfig": {"message": "PipelineDeploymentConfig", "json": spec["deploymentSpec"]}}
     if platform:
         items["PlatformSpec"] = {"message": "PlatformSpec", "json": platform}
-    for name, config in backend.executor_configs(platform).items():
+    for name, config in kfp_backend.executor_configs(platform).items():
         items[name] = {"message": "KubernetesExecutorConfig", "json": config}
     return items
 
@@ -66,7 +66,7 @@ def _parse(python: str, packages: dict[str, tuple[dict, dict]]) -> tuple[dict, d
 
 
 def _raw_compile(pipeline, path: Path) -> tuple[dict, dict]:
-    """What the SDK writes, before pipeline.backend.for_oldest."""
+    """What the SDK writes, before pipeline.kfp_backend.for_oldest."""
     from kfp import compiler
 
     compiler.Compiler().compile(pipeline, str(path))
@@ -75,7 +75,7 @@ def _raw_compile(pipeline, path: Path) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def packages(tmp_path_factory) -> dict[str, tuple[dict, dict, backend.Version]]:
+def packages(tmp_path_factory) -> dict[str, tuple[dict, dict, kfp_backend.Version]]:
     """Each variant compiled as `python -m pipeline compile` does, with the backend version it needs; "raw" is
     the default pipeline as the SDK compiles it."""
     from pipeline.cli import _compile, _documents
@@ -87,14 +87,14 @@ def packages(tmp_path_factory) -> dict[str, tuple[dict, dict, backend.Version]]:
         path, needed, _ = _compile(tmp / f"{label}.yaml", IMAGE, options)
         compiled[label] = (*_documents(path), needed)
     spec, platform = _raw_compile(mnist_embedding_pipeline, tmp / "raw.yaml")
-    compiled["raw"] = (spec, platform, backend.required(spec, platform)[0])
+    compiled["raw"] = (spec, platform, kfp_backend.required(spec, platform)[0])
     return compiled
 
 
 @pytest.fixture(scope="module")
 def pre_fix(tmp_path_factory) -> tuple[dict, dict]:
     """The construct the deploy task used before, an optional Secret as environment variables, compiled and
-    made as old as it can be (pipeline.backend.for_oldest)."""
+    made as old as it can be (pipeline.kfp_backend.for_oldest)."""
     from kfp import dsl, kubernetes
 
     @dsl.component(base_image=IMAGE, install_kfp_package=False, packages_to_install=[])
@@ -107,7 +107,7 @@ def pre_fix(tmp_path_factory) -> tuple[dict, dict]:
                                      secret_key_to_env={"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID"})
 
     spec, platform = _raw_compile(pre_fix_pipeline, tmp_path_factory.mktemp("pre-fix") / "pre-fix.yaml")
-    backend.for_oldest(spec, platform)
+    kfp_backend.for_oldest(spec, platform)
     return spec, platform
 
 
@@ -136,7 +136,7 @@ def test_the_oldest_environment_holds_the_pinned_messages(oldest):
 def test_the_package_parses_on_the_oldest_backend(packages, oldest, label):
     spec, platform, needed = packages[label]
     _, results = oldest
-    assert needed == backend.OLDEST
+    assert needed == kfp_backend.OLDEST
     assert not _failed(results[label])
     configured = {name for name in results[label] if name.startswith("exec-")}  # each task's config was parsed
     pulling = bool(VARIANTS[label].image_pull_secrets)
@@ -166,14 +166,14 @@ def test_the_oldest_messages_refuse_the_pre_fix_constructs(pre_fix, oldest):
     _, results = oldest
     (error,) = _failed(results["pre-fix"]).values()
     assert 'no field named "optional"' in error and "SecretAsEnv" in error
-    assert backend.required(*pre_fix) == ((2, 15, 0), "an optional Secret as environment variables (exec-deploy)")
+    assert kfp_backend.required(*pre_fix) == ((2, 15, 0), "an optional Secret as environment variables (exec-deploy)")
     raw = _failed(results["raw"])
     assert "pvcNameParameter" in raw["exec-deploy-kserve-2"] and "secretNameParameter" in raw["exec-deploy-kserve"]
     assert "resourceCpuLimit" in raw["PipelineDeploymentConfig"]
 
 
 def _probe(message: str, field: str) -> dict:
-    """A minimal message setting one field of pipeline.backend.FEATURES."""
+    """A minimal message setting one field of pipeline.kfp_backend.FEATURES."""
     value = {"optional": True, "pvcNameParameter": {"componentInputParameter": "claim"},
              "secretNameParameter": {"componentInputParameter": "name"}}.get(field, "1")
     if message == "resources":
@@ -183,13 +183,13 @@ def _probe(message: str, field: str) -> dict:
 
 
 def test_every_feature_of_the_table_is_unknown_to_the_oldest_and_known_to_the_newest(oldest_python):
-    probes = [_probe(message, field) for message, field in backend.FEATURES]
+    probes = [_probe(message, field) for message, field in kfp_backend.FEATURES]
     for python, known in ((oldest_python, False), (sys.executable, True)):
         proc = subprocess.run([python, "-I", str(PARSER)], input=json.dumps(probes), capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, proc.stderr
         errors = json.loads(proc.stdout)["errors"]
-        for (message, field), error in zip(backend.FEATURES, errors, strict=True):
+        for (message, field), error in zip(kfp_backend.FEATURES, errors, strict=True):
             assert (error is None) == known, (message, field, error)
             assert known or f'no field named "{field}"' in error
 
@@ -210,7 +210,7 @@ def test_every_task_has_its_resources_in_the_fields_the_oldest_backend_reads(pac
 
 def test_the_storage_secret_is_a_constant_optional_volume(packages):
     _, platform, _ = packages["default"]
-    configs = backend.executor_configs(platform)
+    configs = kfp_backend.executor_configs(platform)
     for name in ("exec-load-data", "exec-deploy-kserve", "exec-deploy-kserve-2"):
         (volume,) = configs[name]["secretAsVolume"]
         assert volume == {"mountPath": "/var/secrets/storage", "optional": True,
@@ -225,9 +225,9 @@ def test_the_deploy_tasks_take_the_run_id_from_their_pod_label(packages, oldest)
     """The run id reaches the deploy record on 2.3.0 too: a field-path env var, which the oldest driver's messages
     (kfp-kubernetes 1.3.0's FieldPathAsEnv) parse; {{$.pipeline_job_uuid}} stays the fallback input."""
     spec, platform, _ = packages["default"]
-    configs = backend.executor_configs(platform)
+    configs = kfp_backend.executor_configs(platform)
     for name in ("exec-deploy-kserve", "exec-deploy-kserve-2"):
-        assert configs[name]["fieldPathAsEnv"] == [{"name": backend.RUN_ID_ENV,
+        assert configs[name]["fieldPathAsEnv"] == [{"name": kfp_backend.RUN_ID_ENV,
                                                     "fieldPath": "metadata.labels['pipeline/runid']"}]
         assert oldest[1]["default"][name] is None
     assert all("fieldPathAsEnv" not in config for name, config in configs.items() if "deploy-kserve" not in name)
@@ -249,16 +249,16 @@ def test_the_pinned_sdk_writes_optional_on_every_secret_as_env(tmp_path):
         kubernetes.use_secret_as_env(task(), secret_name="s", secret_key_to_env={"k": "K"})
 
     spec, platform = _raw_compile(secret_env, tmp_path / "secret-env.yaml")
-    backend.for_oldest(spec, platform)
+    kfp_backend.for_oldest(spec, platform)
     assert int(version("kfp-kubernetes").split(".")[0]) >= 2
-    (env,) = backend.executor_configs(platform)["exec-task"]["secretAsEnv"]
+    (env,) = kfp_backend.executor_configs(platform)["exec-task"]["secretAsEnv"]
     assert env["optional"] is False
-    assert backend.required(spec, platform)[0] == (2, 15, 0)
+    assert kfp_backend.required(spec, platform)[0] == (2, 15, 0)
 
 
 def test_a_data_claim_is_mounted_in_the_load_data_task(packages):
     _, platform, _ = packages["data-pvc-claim"]
-    (mount,) = backend.executor_configs(platform)["exec-load-data"]["pvcMount"]
+    (mount,) = kfp_backend.executor_configs(platform)["exec-load-data"]["pvcMount"]
     assert mount == {"constant": "training-data", "mountPath": "/mnt/pvc"}
 
 
@@ -269,9 +269,9 @@ def test_a_parameterised_resource_keeps_its_newer_field():
         "memoryLimit": 2.0, "resourceCpuRequest": "500m", "cpuRequest": 1.0}}}}}}
     platform = {"platforms": {"kubernetes": {"deploymentSpec": {"executors": {"exec-x": {
         "secretAsVolume": [{"secretName": "a", "secretNameParameter": {"runtimeValue": {"constant": "b"}}}]}}}}}}
-    backend.for_oldest(spec, platform)
+    kfp_backend.for_oldest(spec, platform)
     assert spec["deploymentSpec"]["executors"]["exec-x"]["container"]["resources"] == {  # 500m is not 1.0: kept
         "resourceCpuLimit": "{{$.inputs.parameters['pipelinechannel--cpu']}}", "memoryLimit": 2.0,
         "resourceCpuRequest": "500m", "cpuRequest": 1.0}
-    assert "secretNameParameter" in backend.executor_configs(platform)["exec-x"]["secretAsVolume"][0]
-    assert backend.required(spec, platform) == ((2, 5, 0), "a Secret's name from a run parameter (exec-x)")
+    assert "secretNameParameter" in kfp_backend.executor_configs(platform)["exec-x"]["secretAsVolume"][0]
+    assert kfp_backend.required(spec, platform) == ((2, 5, 0), "a Secret's name from a run parameter (exec-x)")

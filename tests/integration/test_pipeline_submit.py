@@ -13,7 +13,7 @@ import yaml
 from serving.server import free_ports
 from support.kfp_standin import API, KfpStandin
 
-from pipeline import backend, images, releases
+from pipeline import images, kfp_backend, releases
 from pipeline import params as P
 from settings import REPO
 
@@ -142,8 +142,8 @@ def test_submit_sends_a_package_for_the_oldest_backend(submitted):
     _, standin = submitted
     run = standin.runs[0]
     spec, platform = _run_spec(run), _run_platform(run)
-    assert backend.needs(spec, platform) == []
-    deploy = backend.executor_configs(platform)["exec-deploy-kserve"]
+    assert kfp_backend.needs(spec, platform) == []
+    deploy = kfp_backend.executor_configs(platform)["exec-deploy-kserve"]
     assert deploy["secretAsVolume"] == [{"mountPath": P.STORAGE_SECRET_MOUNT, "optional": True,
                                          "secretName": P.STORAGE_SECRET.default}]
 
@@ -186,7 +186,7 @@ def test_an_opt_in_feature_needs_its_backend(cli_main, tag, accepted):
     assert code == 0 and standin.calls() == SUBMIT_CALLS
     run = standin.runs[0]
     assert run["runtime_config"]["parameters"]["storage_secret"] == "team-storage"
-    (volume,) = backend.executor_configs(_run_platform(run))["exec-deploy-kserve"]["secretAsVolume"]
+    (volume,) = kfp_backend.executor_configs(_run_platform(run))["exec-deploy-kserve"]["secretAsVolume"]
     assert volume["secretNameParameter"] == {"componentInputParameter": "pipelinechannel--storage_secret"}
     declared = _run_spec(run)["root"]["inputDefinitions"]["parameters"]
     assert declared["storage_secret"]["defaultValue"] == "team-storage"
@@ -258,12 +258,12 @@ def test_a_backend_version_that_is_no_version_is_a_usage_error(capsys, text):
 @pytest.mark.parametrize("tag, version", [("2.0.2", (2, 0, 2)), ("v2.3.0-rc.1", (2, 3, 0)), ("2.14.3", (2, 14, 3)),
                                           ("unknown", None), ("", None), (None, None), ("master", None)])
 def test_backend_version_reads_healthz_tag_names(tag, version):
-    assert backend.parse_version(tag) == version
+    assert kfp_backend.parse_version(tag) == version
 
 
 def test_the_oldest_backend_is_one_constant():
-    assert backend.OLDEST == releases.OLDEST.kfp == (2, 3, 0)
-    assert all(feature.since > backend.OLDEST for feature in backend.FEATURES.values())
+    assert kfp_backend.OLDEST == releases.OLDEST.kfp == (2, 3, 0)
+    assert all(feature.since > kfp_backend.OLDEST for feature in kfp_backend.FEATURES.values())
 
 
 # ---------------------------------------------------------------- server errors: one line each
@@ -457,7 +457,7 @@ def test_compile_names_the_backend_the_package_needs(cli_main, tmp_path):
     assert executors["exec-train"]["container"]["resources"] == {
         "cpuRequest": 3.0, "cpuLimit": 3.5, "memoryRequest": 2**30 / 1e9, "memoryLimit": 3 * 2**30 / 1e9}
     assert {e["container"]["resources"]["memoryLimit"] for e in executors.values()} == {3 * 2**30 / 1e9}
-    configs = backend.executor_configs(platform)
+    configs = kfp_backend.executor_configs(platform)
     assert set(configs) == set(executors)
     assert all(c["imagePullSecret"] == [{"secretName": "regcred"}] for c in configs.values())
     deploy = spec["components"]["comp-deploy-kserve"]["inputDefinitions"]["parameters"]

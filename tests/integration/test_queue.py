@@ -20,7 +20,7 @@ from serving.samples import user_digit_png
 from client import AuthError, BadImageError, ConnectionFailed, ModelNotFoundError, RequestTimeout, ServerError
 from handler.requests import RequestError
 from queue_bridge import QueueClient, Topology
-from queue_bridge.backend import ModelBackend, Outcome, TokenSource, outcome_of
+from queue_bridge.model_backend import ModelBackend, Outcome, TokenSource, outcome_of
 from queue_bridge.protocol import image_from_message
 from client import EmbeddingClient
 from settings import REPO

@@ -19,7 +19,7 @@ from handler.service import BatchTimings
 from handler.ts_metrics import batch_metric_lines
 from serving.gateway.backend import InferenceCall
 from serving.python_runtime.archive import RUNTIME_MODULES, ArchiveError, open_archive
-from serving.python_runtime.backend import inference_target, torchserve_error
+from serving.python_runtime.in_process import inference_target, torchserve_error
 from serving.python_runtime.batcher import Batcher, Job
 from serving.python_runtime.metrics import batch_values
 from serving.python_runtime.metrics_page import render

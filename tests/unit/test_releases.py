@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline import backend, releases
+from pipeline import kfp_backend, releases
 from settings import REPO
 
 README = REPO / "deploy" / "README.md"
@@ -36,9 +36,9 @@ def test_kserve_0_16_renames_the_modes_and_still_accepts_the_old_names():
 
 
 def test_the_backend_floor_is_the_tables_oldest():
-    assert backend.OLDEST == releases.OLDEST.kfp == min(releases.KFP_VERSIONS)
+    assert kfp_backend.OLDEST == releases.OLDEST.kfp == min(releases.KFP_VERSIONS)
     assert releases.OLDEST.kubeflow == "1.9.1" and releases.NEWEST.kubeflow == "26.03"
-    assert all(feature.since <= releases.NEWEST.kfp for feature in backend.FEATURES.values())
+    assert all(feature.since <= releases.NEWEST.kfp for feature in kfp_backend.FEATURES.values())
 
 
 def test_which_backends_name_their_version():

@@ -15,7 +15,7 @@ from support.kfp_driver import (Outputs, Run, container_env, field_path_value, f
                                 run_task, split_subscripted)
 from support.rollout import cluster, pvc, record  # noqa: F401 (fixtures)
 
-from pipeline import backend, releases
+from pipeline import kfp_backend, releases
 from pipeline.gate import ANNOTATIONS
 
 IMAGE = "registry.example.com/ml/mnist-embedding-pipeline:1.2.3"
@@ -135,15 +135,15 @@ def test_both_deploy_tasks_get_the_run_id_on_every_supported_backend(package, ve
     spec, platform = package
     resolved = run_task(version, spec, find_path(spec, task), RUNTIME, _upstream("/mnt/mar"), RUN)
     env = container_env(pod(spec, platform, resolved, RUN))
-    assert env[backend.RUN_ID_ENV] == RUN.run_id
-    assert backend.run_id(resolved.parameters["run_id"], env) == RUN.run_id
+    assert env[kfp_backend.RUN_ID_ENV] == RUN.run_id
+    assert kfp_backend.run_id(resolved.parameters["run_id"], env) == RUN.run_id
 
 
 def test_an_unresolved_placeholder_is_never_a_run_id():
-    assert backend.run_id("{{$.pipeline_job_uuid}}", {backend.RUN_ID_ENV: "r-1"}) == "r-1"
-    assert backend.run_id("local-run-3", {}) == "local-run-3"  # kfp.local resolves the placeholder itself
+    assert kfp_backend.run_id("{{$.pipeline_job_uuid}}", {kfp_backend.RUN_ID_ENV: "r-1"}) == "r-1"
+    assert kfp_backend.run_id("local-run-3", {}) == "local-run-3"  # kfp.local resolves the placeholder itself
     with pytest.raises(ValueError, match=r"^no run id: \$KFP_RUN_ID .* '\{\{\$\.pipeline_job_uuid\}\}'"):
-        backend.run_id("{{$.pipeline_job_uuid}}", {backend.RUN_ID_ENV: " "})
+        kfp_backend.run_id("{{$.pipeline_job_uuid}}", {kfp_backend.RUN_ID_ENV: " "})
 
 
 @pytest.mark.parametrize("version", VERSIONS)
