@@ -127,7 +127,11 @@ class Served:
 
 @pytest.fixture(scope="module")
 def runtimes(layout, tmp_path_factory) -> Iterator[dict[str, Served]]:
-    """Both runtimes on the same layout at once (each its own ports and metrics port), for the tests below."""
+    """Both runtimes on the same layout at once (each its own ports and metrics port), for the tests below.
+
+    One after the other: a runtime picks free ports of its own while it starts (the TorchServe runtime's gateway
+    behind nginx), so the next one's ports are drawn only once the first holds all of its own (a CI run drew the
+    same port for the python runtime's gRPC and the other's gateway)."""
     started: dict[str, tuple[Served, subprocess.Popen]] = {}
     try:
         for kind in RUNTIMES:
@@ -138,8 +142,7 @@ def runtimes(layout, tmp_path_factory) -> Iterator[dict[str, Served]]:
                             f"http://127.0.0.1:{metrics}/metrics", workdir / "runtime.log")
             started[kind] = served, runtime(layout, workdir, port, served.key, "--http-host=127.0.0.1",
                                             f"--grpc-port={grpc}", log=served.log, kind=kind, config=config)
-        for served, proc in started.values():
-            wait_ready(served.url, proc, 180, served.log)
+            wait_ready(served.url, started[kind][1], 180, served.log)
         yield {kind: served for kind, (served, _) in started.items()}
     finally:
         for _, proc in started.values():
