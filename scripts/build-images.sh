@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build the project's container images, tagged by a hash of what goes into them:
-#   serving   serving/Dockerfile  -> mnist-embedding-serving   (KServe predictor / local TorchServe)
-#   pipeline  Dockerfile          -> mnist-embedding-pipeline  (every Kubeflow task)
+#   serving         serving/Dockerfile            -> mnist-embedding-serving         (KServe predictor, TorchServe)
+#   serving-python  serving/Dockerfile --target python -> mnist-embedding-serving-python (the same, no Java)
+#   pipeline        Dockerfile                    -> mnist-embedding-pipeline        (every Kubeflow task)
 #
 # Usage: scripts/build-images.sh [--push REGISTRY/PREFIX] [--tag T] [--engine docker|podman]
-#          [--only serving|pipeline] [--torch-index URL|none] [--find-links DIR] [--ca-bundle FILE]
+#          [--only serving|serving-python|pipeline] [--torch-index URL|none] [--find-links DIR] [--ca-bundle FILE]
 #          [--local-base] [--runtime RUNTIME] [--quiet]
 #
 #   --push PREFIX     name the images PREFIX/mnist-embedding-<image> and push every tag; the pushed
@@ -73,7 +74,8 @@ while [ $# -gt 0 ]; do
            EXTRA_TAG=$val ;;
     --engine) [[ $val == docker || $val == podman ]] || die "--engine must be docker or podman, not: $val"
               ENGINE=$val ;;
-    --only) [[ $val == serving || $val == pipeline ]] || die "--only must be serving or pipeline, not: $val"
+    --only) [[ $val == serving || $val == serving-python || $val == pipeline ]] \
+              || die "--only must be serving, serving-python or pipeline, not: $val"
             ONLY=$val ;;
     --find-links) [ -d "$val" ] || die "--find-links: no such directory: $val"
                   FIND_LINKS=$(cd "$val" && pwd) ;;
@@ -142,8 +144,10 @@ if [ "$LOCAL_BASE" = 1 ] && ! $E image inspect "$BASE_REF" >/dev/null 2>&1; then
 fi
 
 # --- inputs and content hash ------------------------------------------------------------------------
-dockerfile_of() { case $1 in serving) echo serving/Dockerfile ;; pipeline) echo Dockerfile ;; esac; }
-lock_of() { case $1 in serving) echo requirements/serving.lock ;; pipeline) echo requirements/product.lock ;; esac; }
+dockerfile_of() { case $1 in serving|serving-python) echo serving/Dockerfile ;; pipeline) echo Dockerfile ;; esac; }
+lock_of() { case $1 in serving|serving-python) echo requirements/serving.lock ;; pipeline) echo requirements/product.lock ;; esac; }
+# The Dockerfile's stage each image is (serving/Dockerfile's two targets share every layer but the last few).
+target_of() { case $1 in serving) echo torchserve ;; serving-python) echo python ;; *) echo "" ;; esac; }
 
 # Source paths of the Dockerfile's COPY instructions (shell form, one line each).
 copy_sources() {
@@ -193,9 +197,9 @@ elif [ -n "$torch_index" ]; then build_args+=(--build-arg "TORCH_INDEX_URL=$torc
 fi
 
 declare -A R_REF R_TAGS R_ID R_DIGEST R_SIZE R_BUILT R_SECONDS
-images=(serving pipeline)
+images=(serving serving-python pipeline)
 [ -n "$ONLY" ] && images=("$ONLY")
-[[ " ${images[*]} " == *" serving "* ]] && check_serving_lock
+[[ " ${images[*]} " == *" serving"* ]] && check_serving_lock
 
 for img in "${images[@]}"; do
   df=$(dockerfile_of "$img")
@@ -217,7 +221,8 @@ for img in "${images[@]}"; do
   else
     built=true
     say "$img: building $ref (log: $log)"
-    if ! $E build "${build_args[@]}" -f "$df" -t "$ref" \
+    target=$(target_of "$img")
+    if ! $E build "${build_args[@]}" -f "$df" ${target:+--target "$target"} -t "$ref" \
            --label "org.opencontainers.image.version=$tag" . >"$log" 2>&1; then
       tail -n 25 "$log" >&2
       grep -q 'cgroups in hybrid mode' "$log" && echo "$PROG: hint: podman's crun fails here; add --runtime runc" >&2
@@ -249,7 +254,7 @@ for img in "${images[@]}"; do
   R_DIGEST[$img]=$digest
   R_BUILT[$img]=$built
   R_SECONDS[$img]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
-  printf '%-8s %s  %d MB  id %s  %s%s  %s s  %s\n' "$img" "$ref" $(( R_SIZE[$img] / 1000000 )) \
+  printf '%-14s %s  %d MB  id %s  %s%s  %s s  %s\n' "$img" "$ref" $(( R_SIZE[$img] / 1000000 )) \
     "${R_ID[$img]:0:12}" "${EXTRA_TAG:+also :$EXTRA_TAG  }" "${digest:+digest $digest  }" \
     "${R_SECONDS[$img]}" "$([ "$built" = true ] && echo built || echo cached)"
 done
@@ -269,7 +274,7 @@ except (OSError, ValueError):
     old = {}
 conf = os.environ["BI_CONF"]
 keep = old.get("engine") == os.environ["BI_ENGINE"]
-images = {k: v for k, v in old.items() if keep and k in ("serving", "pipeline")}
+images = {k: v for k, v in old.items() if keep and k in ("serving", "serving-python", "pipeline")}
 for line in sys.stdin:
     name, ref, tags, iid, digest, size, built, secs = line.rstrip("\n").split("\t")
     images[name] = {"ref": ref, "tags": tags.split(), "id": iid, "digest": digest or None,

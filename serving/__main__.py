@@ -13,12 +13,12 @@ from pathlib import Path
 from cli_common import (EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, input_dir, input_file, os_error,
                         output_dir, positive_seconds)
 from settings import CONFIG_FILE, MODEL_NAME, REPO, SettingsError, check_model_name, read_properties
+from serving.runtimes import DEFAULT_SERVING_RUNTIME, SERVING_RUNTIMES
 
 from .server import (Instance, LocalServerError, holder_of, model_store_for, recorded_on_ports, server_name, start,
                      stop)
 
 PROG = "python -m serving"
-RUNTIMES = ("torchserve", "python")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--mar", action="append", metavar="FILE", help="an archive in the model store to load; repeat it "
                    "to serve several versions, the first one the default (default: load_models in --config)")
     s.add_argument("--timeout", type=positive_seconds, default=120.0, help="seconds to wait for READY workers")
-    s.add_argument("--runtime", choices=RUNTIMES, default=RUNTIMES[0],
+    s.add_argument("--runtime", choices=tuple(SERVING_RUNTIMES), default=DEFAULT_SERVING_RUNTIME,
                    help="torchserve (default), or python: the same archives on the config's ports without Java "
                         "(no management API; docs/decisions.md says when to choose it)")
     sub.add_parser("stop", help="stop the server (either runtime) and its workers")

@@ -1,11 +1,13 @@
 """The cluster's serving path, on this machine: the model store published to S3 (moto's S3 server on loopback),
-downloaded by KServe's own storage code as the storage initializer does, then served by the serving image
-built by scripts/build-images.sh with the command, arguments, environment, port and probes read from the
-shipped ServingRuntime (deploy/kserve/servingruntime.yaml) and the storage mounted read-only at /mnt/models.
+downloaded by KServe's own storage code as the storage initializer does, then served by each serving image
+built by scripts/build-images.sh (TorchServe's, and the python runtime's without Java) with the command,
+arguments, environment, port and probes read from its shipped ServingRuntime (deploy/kserve/servingruntime.yaml,
+servingruntime-python.yaml) and the storage mounted read-only at /mnt/models.
 
-Every answer is checked against the offline answer of the same artifacts; then TorchServe's Java process
-is killed inside the container, which must exit non-zero (so Kubernetes restarts it), and a second
-container must stop cleanly and quickly on SIGTERM. The container runs under the CPU and memory limits KServe
+The same tests run against both images. Every answer is checked against the offline answer of the same
+artifacts; then TorchServe's Java process is killed inside its container, which must exit non-zero (so
+Kubernetes restarts it), the python runtime's image must hold no Java at all, and a second container of each
+must stop cleanly and quickly on SIGTERM. The container runs under the CPU and memory limits KServe
 would give it (support.containers.predictor_limits) and the runtime's user id; the securityContext's
 capability drop is not applied here.
 """
@@ -33,6 +35,7 @@ from client import BadImageError, EmbeddingClient
 from handler.service import EmbeddingService
 from pipeline.kserve_deploy import KServeTarget, deploy
 from pipeline.manifests import quantity
+from serving.runtimes import SERVING_RUNTIMES
 
 ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
@@ -50,9 +53,13 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 """
 
 
+RUNTIMES = tuple(SERVING_RUNTIMES)
+
+
 @pytest.fixture(scope="module")
 def images() -> dict:
-    return build_images(ENGINE, only="serving")
+    build_images(ENGINE, only="serving")
+    return build_images(ENGINE, only="serving-python")
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +83,14 @@ def mnt_models(model_store, tmp_path_factory):
     return out, deployed.manifest
 
 
-@pytest.fixture(scope="module")
-def predictor(images, mnt_models):
-    container, url, key, spec = start_predictor(images, mnt_models, f"embedding-predictor-{uuid.uuid4().hex[:6]}")
+@pytest.fixture(scope="module", params=RUNTIMES)
+def predictor(request, images, mnt_models):
+    """The predictor container of one serving runtime (each test runs against both)."""
+    container, url, key, spec = start_predictor(images, mnt_models, f"embedding-predictor-{uuid.uuid4().hex[:6]}",
+                                                request.param)
     try:
         ready_s = wait_for_probe(url, spec["readinessProbe"], 180, container)
-        print(f"container start to ready: {ready_s:.1f} s")
+        print(f"{request.param} container start to ready: {ready_s:.1f} s")
         yield container, url, key, spec
     finally:
         container.remove()
@@ -222,7 +231,13 @@ def test_hostile_requests_get_4xx_and_the_server_keeps_answering(predictor, offl
     close(body["predictions"], expected(offline, [png]))
 
 
-def test_kubectl_logs_shows_readiness_model_loads_and_every_refusal(predictor, canvases):
+#: The lines the runbooks grep for in `kubectl logs`, for each runtime: ready, the model loaded, its worker up.
+STARTED_LINES = {"torchserve": ("READY: model embedding answers", "Model embedding loaded",
+                                "MODEL_LOG - loaded embedding on cpu"),
+                 "python": ("python runtime on 0.0.0.0:8080: 2 workers serving embedding", "listening on")}
+
+
+def test_kubectl_logs_shows_readiness_model_loads_and_every_refusal(request, predictor, canvases):
     """The container's log (what `kubectl logs` shows) after a refused and a good request: the runbooks' lines."""
     container, url, key, _ = predictor
     predict = f"{url}/v1/models/embedding:predict"
@@ -233,9 +248,8 @@ def test_kubectl_logs_shows_readiness_model_loads_and_every_refusal(predictor, c
     while "refused request " not in (log := container.logs()) and time.monotonic() < deadline:
         time.sleep(0.5)
     lines = log.splitlines()
-    assert any("READY: model embedding answers" in line for line in lines), log[-3000:]
-    assert any("Model embedding loaded" in line for line in lines), log[-3000:]
-    assert any("MODEL_LOG - loaded embedding on cpu" in line for line in lines), log[-3000:]
+    for wanted in STARTED_LINES[request.node.callspec.params["predictor"]]:
+        assert any(wanted in line for line in lines), (wanted, log[-3000:])
     assert any("refused request " in line and ": 400 " in line for line in lines), log[-3000:]
     assert "do-not-log-me" not in log and "batch=" not in log
 
@@ -258,6 +272,7 @@ def test_the_predictor_answers_a_burst_under_the_inference_services_limits(predi
     assert container.state()[0] == "running" and not container.oom_killed()
 
 
+@pytest.mark.parametrize("predictor", ["torchserve"], indirect=True)
 def test_killing_torchserve_java_makes_the_container_exit_non_zero(predictor):
     container, url, _, spec = predictor
     assert container.exec_python(KILL_JAVA).strip(), "no java process found in the container"
@@ -267,8 +282,21 @@ def test_killing_torchserve_java_makes_the_container_exit_non_zero(predictor):
     print(f"container exited with {code} {elapsed:.1f} s after Java was killed")
 
 
-def test_sigterm_stops_the_container_cleanly(images, mnt_models):
-    container, url, _, spec = start_predictor(images, mnt_models, f"embedding-stop-{uuid.uuid4().hex[:6]}")
+@pytest.mark.parametrize("predictor", ["python"], indirect=True)
+def test_the_python_runtime_image_has_no_java_and_is_smaller(predictor, images):
+    """The python target of serving/Dockerfile: no JRE (nor nginx) in the image, fewer bytes than TorchServe's."""
+    container, _, _, _ = predictor
+    found = container.exec_python("import glob, shutil; print(shutil.which('java'), shutil.which('nginx'), "
+                                  "glob.glob('/usr/lib/jvm/*'))").strip()
+    assert found == "None None []", found
+    sizes = {name: images[SERVING_RUNTIMES[name].image]["size_bytes"] for name in RUNTIMES}
+    print("image sizes (MB): " + ", ".join(f"{name} {size / 1e6:.0f}" for name, size in sizes.items()))
+    assert sizes["python"] < sizes["torchserve"]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_sigterm_stops_the_container_cleanly(images, mnt_models, runtime):
+    container, url, _, spec = start_predictor(images, mnt_models, f"embedding-stop-{uuid.uuid4().hex[:6]}", runtime)
     try:
         wait_for_probe(url, spec["readinessProbe"], 180, container)
         seconds = container.stop(timeout_s=30)

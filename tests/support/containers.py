@@ -23,13 +23,14 @@ from pathlib import Path
 import yaml
 from support.kserve_compose import compose
 
-from pipeline.kserve_deploy import API_KEY_ENV
+from pipeline.kserve_deploy import API_KEY_ENV, cluster_runtime
 from pipeline.manifests import engine_limit_args
 from settings import REPO
+from serving.runtimes import DEFAULT_SERVING_RUNTIME, SERVING_RUNTIMES
 from serving.server import free_ports
 
 IMAGES_JSON = REPO / "build" / "images.json"
-SERVING_RUNTIME = REPO / "deploy" / "kserve" / "servingruntime.yaml"
+SERVING_RUNTIME = SERVING_RUNTIMES[DEFAULT_SERVING_RUNTIME].manifest
 BUILD_TIMEOUT_S = 1500
 
 
@@ -211,9 +212,17 @@ def predictor_limits(manifest: dict, spec: dict) -> dict[str, str]:
     return {**runtime, **model}
 
 
-def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str, str, dict]:
-    """Run the serving image as KServe composes the ServingRuntime and the InferenceService; returns (container, url,
-    key, spec).
+def for_runtime(manifest: dict, runtime: str) -> dict:
+    """The InferenceService `manifest` naming the project's ClusterServingRuntime of serving runtime `runtime`."""
+    out = json.loads(json.dumps(manifest))
+    out["spec"]["predictor"]["model"]["runtime"] = cluster_runtime(runtime)
+    return out
+
+
+def start_predictor(images: dict, mnt_models, name: str,
+                    runtime: str = DEFAULT_SERVING_RUNTIME) -> tuple[Container, str, str, dict]:
+    """Run the serving image of `runtime` (serving.runtimes.SERVING_RUNTIMES) as KServe composes its
+    ClusterServingRuntime and the InferenceService; returns (container, url, key, spec).
 
     `spec` is the composed container (predictor_container). Published, each on a free host port: its declared port
     (REST 8080, or h2c 8081 for grpc-v2), which the returned spec's `ports` give as `hostPort`, and the port its
@@ -221,7 +230,9 @@ def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str
     is that REST one.
     """
     models_dir, manifest = mnt_models
-    spec = predictor_container(manifest)
+    served = SERVING_RUNTIMES[runtime]
+    manifest = for_runtime(manifest, runtime)
+    spec = predictor_container(manifest, served.manifest)
     key = secrets.token_hex(16)
     env = {}
     for entry in spec.get("env", []):  # the runtime's and the InferenceService's, the Secret's value filled in
@@ -235,7 +246,7 @@ def start_predictor(images: dict, mnt_models, name: str) -> tuple[Container, str
     wanted = [*declared, *([rest] if rest not in declared else [])]
     published = dict(zip(wanted, free_ports(len(wanted))))
     spec = {**spec, "ports": [{**p, "hostPort": published[port]} for port, p in declared.items()]}
-    container = Container.run(images, images["serving"]["ref"], name, spec["command"] + spec["args"], env,
+    container = Container.run(images, images[served.image]["ref"], name, spec["command"] + spec["args"], env,
                               {models_dir: "/mnt/models"}, {host: port for port, host in published.items()},
                               user=spec.get("securityContext", {}).get("runAsUser"),
                               limits=predictor_limits(manifest, spec))

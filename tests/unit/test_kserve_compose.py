@@ -25,9 +25,9 @@ from support.kserve_compose import (CONTAINER, KNATIVE, KSERVE_RELEASES, MODES, 
                                     knative_container_errors, knative_deployment_container, merge_runtime_containers,
                                     pod_errors, serving_port, strategic_merge_patch)
 
-from pipeline.kserve_deploy import GRPC_PROTOCOL, PROTOCOLS, inference_service
+from pipeline.kserve_deploy import GRPC_PROTOCOL, PROTOCOLS, cluster_runtime, inference_service
 from pipeline.networkpolicy import network_policy
-from settings import REPO
+from serving.runtimes import DEFAULT_SERVING_RUNTIME, SERVING_RUNTIMES
 
 # ---------------------------------------------------------------- KServe: MergeRuntimeContainers
 
@@ -450,7 +450,6 @@ def test_raw_mode_defaults_a_tcp_readiness_probe_and_targets_the_first_port():
 
 # ---------------------------------------------------------------- the project's manifests, composed
 
-RUNTIME_FILE = REPO / "deploy" / "kserve" / "servingruntime.yaml"
 #: serving.kserve_runtime's listeners, named by its flags (serving/kserve_runtime/cli.py): REST (HTTP/1.1: the
 #: KServe v1 and v2 paths and the probes' /v2/health/live and /v2/health/ready) and Open Inference gRPC.
 LISTENER_FLAGS = {"--http-port": "http", "--grpc-port": "grpc"}
@@ -462,14 +461,21 @@ MODEL_LOADED_PATH = "/v2/health/ready"
 QUEUE_PROXY_HTTP, QUEUE_PROXY_H2C = 8012, 8013
 
 
-def shipped_runtime() -> dict:
-    (doc,) = [d for d in yaml.safe_load_all(RUNTIME_FILE.read_text()) if d]
+#: Each serving runtime's shipped ClusterServingRuntime (serving.runtimes.SERVING_RUNTIMES): both go through every
+#: check.
+RUNTIMES = tuple(SERVING_RUNTIMES)
+
+
+def shipped_runtime(runtime: str = DEFAULT_SERVING_RUNTIME) -> dict:
+    (doc,) = [d for d in yaml.safe_load_all(SERVING_RUNTIMES[runtime].manifest.read_text()) if d]
+    assert doc["metadata"]["name"] == SERVING_RUNTIMES[runtime].cluster_runtime
     return doc
 
 
-def written(protocol: str) -> dict:
-    """The InferenceService the pipeline's deploy task writes for `protocol`."""
-    return inference_service("embedding", "models", "s3://models/embedding/1.0", protocol, "embedding", "1.0")
+def written(protocol: str, runtime: str = DEFAULT_SERVING_RUNTIME) -> dict:
+    """The InferenceService the pipeline's deploy task writes for `protocol` and the serving runtime."""
+    return inference_service("embedding", "models", "s3://models/embedding/1.0", protocol, "embedding", "1.0",
+                             cluster_runtime(runtime))
 
 
 def listeners(container: dict) -> dict[int, str]:
@@ -482,10 +488,11 @@ def listeners(container: dict) -> dict[int, str]:
     return out
 
 
-def test_the_runtime_declares_no_ports_and_no_probes_as_kserve_torchserve_does():
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_runtime_declares_no_ports_and_no_probes_as_kserve_torchserve_does(runtime):
     """kserve/kserve config/runtimes/kserve-torchserve.yaml (v0.13.1, v0.15.2) declares neither: whatever a runtime
     declares, an InferenceService can only add to (ports merge by containerPort, probes field by field)."""
-    (container,) = shipped_runtime()["spec"]["containers"]
+    (container,) = shipped_runtime(runtime)["spec"]["containers"]
     assert not {"ports", "readinessProbe", "livenessProbe", "startupProbe"} & set(container)
     assert set(listeners(container).values()) == {"http", "grpc"}
 
@@ -493,12 +500,14 @@ def test_the_runtime_declares_no_ports_and_no_probes_as_kserve_torchserve_does()
 @pytest.mark.parametrize("release", KSERVE_RELEASES, ids=[f"kserve-{r.kserve}" for r in KSERVE_RELEASES])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_every_written_inference_service_composes_into_a_pod_that_is_ready_when_the_model_is(protocol, mode, release):
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_every_written_inference_service_composes_into_a_pod_that_is_ready_when_the_model_is(runtime, protocol, mode,
+                                                                                               release):
     """The shipped ClusterServingRuntime merged with each InferenceService the pipeline writes, as KServe merges
     them, passes Knative's and Kubernetes' checks in both modes; requests reach the listener of the protocol
     (h2c-routed for gRPC under Knative), readiness calls the path that means the model is loaded, on the REST
     listener, and liveness calls something the pod answers on the port it really calls."""
-    container = compose(shipped_runtime(), written(protocol))
+    container = compose(shipped_runtime(runtime), written(protocol, runtime))
     assert pod_errors(container, mode) == []
     listening = listeners(container)
     port = serving_port(container, mode, release)
@@ -517,17 +526,18 @@ def test_every_written_inference_service_composes_into_a_pod_that_is_ready_when_
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_the_network_policy_lets_requests_reach_every_composed_predictor(protocol, mode):
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_network_policy_lets_requests_reach_every_composed_predictor(runtime, protocol, mode):
     """deploy/kserve/networkpolicy.yaml opens, to the ingress path, the port each composed predictor is reached on:
     raw, the Service's target port; Knative, the queue-proxy's port for the protocol; and the runtime's metrics
     port to the monitoring namespace."""
     policy = network_policy()
     anyone = {p["port"] for rule in policy["spec"]["ingress"] if "from" not in rule for p in rule["ports"]}
-    container = compose(shipped_runtime(), written(protocol))
+    container = compose(shipped_runtime(runtime), written(protocol, runtime))
     port = serving_port(container, mode)
     reached_on = port.number if mode == RAW else QUEUE_PROXY_H2C if port.h2c else QUEUE_PROXY_HTTP
     assert reached_on in anyone
-    metrics = int(shipped_runtime()["spec"]["annotations"]["prometheus.kserve.io/port"])
+    metrics = int(shipped_runtime(runtime)["spec"]["annotations"]["prometheus.kserve.io/port"])
     monitoring = {p["port"] for rule in policy["spec"]["ingress"] for peer in rule.get("from", [])
                   if peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
                   == "monitoring" for p in rule["ports"]}
