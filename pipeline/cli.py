@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from cli_common import EXIT_INTERRUPTED, EXIT_USAGE, Parser, UsageError, fail, output_dir, output_file
 from owned_paths import replaceable_file, starts_with
+from serving.runtimes import DEFAULT_SERVING_RUNTIME, SERVING_RUNTIMES
 from serving.server import LocalServerError
 from training.data.sources import parse_source
 
@@ -27,11 +28,11 @@ from . import params as P
 
 HOST_ENV = "KF_PIPELINES_ENDPOINT"  # the kfp client's own variable
 EXPERIMENT_ENV = "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME"  # the kfp client's own variable
-RUNTIME_MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kserve" / "servingruntime.yaml"
+RUNTIME_MANIFEST = SERVING_RUNTIMES[DEFAULT_SERVING_RUNTIME].manifest
 RUNTIME_CONTAINER = "kserve-container"
 #: The first line of what compile and runtime write: a file that starts with it may be written again.
 COMPILE_HEADER = "# mnist-embedding pipeline package, written by python -m pipeline compile\n"
-RUNTIME_HEADER = f"# {RUNTIME_MANIFEST.name} with the serving image "
+RUNTIME_HEADERS = {name: f"# {rt.manifest.name} with the serving image " for name, rt in SERVING_RUNTIMES.items()}
 
 
 class CliError(Exception):
@@ -84,10 +85,13 @@ def _parser() -> argparse.ArgumentParser:
     P.add_arguments(r, deploy_target="local")
     b = sub.add_parser("rollback", help="serve a version the deploy record lists again")
     rollback.add_arguments(b)
-    t = sub.add_parser("runtime", help=f"write {RUNTIME_MANIFEST.relative_to(RUNTIME_MANIFEST.parents[2])} "
-                                       "with the serving image pinned by digest")
+    t = sub.add_parser("runtime", help="write deploy/kserve/servingruntime[-python].yaml with the serving image "
+                                       "pinned by digest")
+    t.add_argument("--runtime", choices=tuple(SERVING_RUNTIMES), default=DEFAULT_SERVING_RUNTIME,
+                   help="which ClusterServingRuntime: torchserve (servingruntime.yaml, image mnist-embedding-serving) "
+                        "or python (servingruntime-python.yaml, image mnist-embedding-serving-python)")
     t.add_argument("--image", required=True, metavar="REF",
-                   help="the pushed serving image, REPOSITORY[:TAG]@sha256:DIGEST")
+                   help="the pushed serving image of --runtime, REPOSITORY[:TAG]@sha256:DIGEST")
     t.add_argument("--allow-tag", action="store_true", help="accept REPOSITORY:TAG without a digest (the "
                    "cluster then pulls whatever the tag names when a pod starts)")
     t.add_argument("--out", type=Path, default=None, help="write here instead of standard output")
@@ -175,9 +179,9 @@ def _set_executor_images(spec: dict, image: str, placeholder: str) -> None:
         raise CliError(f"the compiled package still names the placeholder image {placeholder}")
 
 
-def _runtime(image: str, allow_tag: bool, out: Path | None) -> None:
-    """The ClusterServingRuntime manifest with `image` in its serving container, validated like every manifest
-    the project applies (pipeline.manifests)."""
+def _runtime(image: str, allow_tag: bool, out: Path | None, runtime: str = DEFAULT_SERVING_RUNTIME) -> None:
+    """The ClusterServingRuntime manifest of `runtime` with `image` in its serving container, validated like every
+    manifest the project applies (pipeline.manifests)."""
     import yaml
 
     from .manifests import ManifestError, validate
@@ -190,16 +194,17 @@ def _runtime(image: str, allow_tag: bool, out: Path | None) -> None:
         raise UsageError(f"image {image} is not pinned by digest (REPOSITORY[:TAG]@sha256:...): the cluster would "
                          "pull whatever the tag names when a pod starts; "
                          + ("name a tag or a digest" if allow_tag else "pass --allow-tag to accept that"))
-    manifest = yaml.safe_load(RUNTIME_MANIFEST.read_text())
+    source = SERVING_RUNTIMES[runtime].manifest
+    manifest = yaml.safe_load(source.read_text())
     containers = [c for c in manifest["spec"]["containers"] if c.get("name") == RUNTIME_CONTAINER]
     if len(containers) != 1:
-        raise CliError(f"{RUNTIME_MANIFEST} has no single container named {RUNTIME_CONTAINER}")
+        raise CliError(f"{source} has no single container named {RUNTIME_CONTAINER}")
     containers[0]["image"] = str(ref)
     try:
         validate(manifest)
     except ManifestError as exc:
         raise CliError(f"the runtime manifest with {ref} is not valid: {exc}") from None
-    text = (f"{RUNTIME_HEADER}{'pinned by digest' if ref.digest else 'by tag'}, "
+    text = (f"{RUNTIME_HEADERS[runtime]}{'pinned by digest' if ref.digest else 'by tag'}, "
             f"written by python -m pipeline runtime\n" + yaml.safe_dump(manifest, sort_keys=False))
     if out is None:
         sys.stdout.write(text)
@@ -274,7 +279,9 @@ def _check_paths(args: argparse.Namespace) -> None:
         replaceable_file(args.out, "--out", ours=starts_with(COMPILE_HEADER.encode()), reads=[images_json])
     if args.command == "runtime" and args.out is not None:
         output_file(args.out, "--out")
-        replaceable_file(args.out, "--out", ours=starts_with(RUNTIME_HEADER.encode()), reads=[RUNTIME_MANIFEST])
+        headers = [starts_with(header.encode()) for header in RUNTIME_HEADERS.values()]
+        replaceable_file(args.out, "--out", ours=lambda path: any(ours(path) for ours in headers),
+                         reads=[rt.manifest for rt in SERVING_RUNTIMES.values()])
     if args.command == "run-local":
         output_dir(args.workdir, "--workdir")
         preflight.check_outputs(args.workdir, args.serve_workdir, args.data_source)
@@ -290,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         return rollback.run(args)
     try:
         if args.command == "runtime":
-            _runtime(args.image, args.allow_tag, args.out)
+            _runtime(args.image, args.allow_tag, args.out, args.runtime)
             return 0
         if args.command == "compile":
             options = O.from_namespace(args)

@@ -145,8 +145,10 @@ def archive(artifacts: Input[Model], model_name: str, model_version: str, mar: O
 
 
 @component
-def deploy_local(mar: Input[Model], model_name: str, workdir: str, config: str, timeout_s: float = 180.0) -> str:
-    """(Re)start the local TorchServe of `workdir` with the new archive; returns the inference URL.
+def deploy_local(mar: Input[Model], model_name: str, workdir: str, config: str, timeout_s: float = 180.0,
+                 runtime: str = "torchserve") -> str:
+    """(Re)start the local server (`runtime`: torchserve or python) of `workdir` with the new archive; returns the
+    inference URL.
 
     For `python -m pipeline run-local` only: in a cluster task it would serve from inside the task's pod,
     which ends with the task, so there it refuses.
@@ -160,9 +162,10 @@ def deploy_local(mar: Input[Model], model_name: str, workdir: str, config: str, 
 
     from pipeline.local_serving import serve_archive
 
-    instance = serve_archive(Path(mar.path), model_name, workdir, config, timeout_s)
+    instance = serve_archive(Path(mar.path), model_name, workdir, config, timeout_s, runtime)
     url = f"{instance.endpoints.inference}/predictions/{model_name}"
-    print(f"TorchServe READY: {url} (tokens in {instance.key_file})")
+    print(f"{'TorchServe' if runtime == 'torchserve' else 'python runtime'} READY: {url} "
+          f"(tokens in {instance.key_file})")
     return url
 
 
@@ -190,8 +193,11 @@ def compare_with_deployed(evaluated: Input[Model], model_name: str, namespace: s
 def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storage_uri: str, model_uri: str,
                   namespace: str, service_name: str, protocol: str, runtime: str, service_account: str,
                   api_key_secret: str, run_id: str, dry_run: bool, manifest: Output[Artifact],
-                  image_pull_secret: str = "") -> str:
+                  image_pull_secret: str = "", serving_runtime: str = "torchserve", min_replicas: int = 1,
+                  max_replicas: int = 4, scale_target: int = 16, watch_timeout_s: float = 600.0) -> str:
     """Publish the KServe model store and create or patch the InferenceService; returns its URL.
+
+    The predictor runs ClusterServingRuntime `runtime`, else the project's one for `serving_runtime`.
 
     What was deployed (accuracy, open-set rejection, version, .mar SHA-256, run id) is recorded in the
     ConfigMap `<service>-deployed-model` once the new revision serves: the next run's gate reads it. Storage
@@ -205,7 +211,7 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
     from handler.artifacts import sha256_file
     from pipeline.kfp_backend import run_id as resolved_run_id
     from pipeline.gate import annotations_for
-    from pipeline.kserve_deploy import KServeTarget, deploy
+    from pipeline.kserve_deploy import KServeTarget, Scaling, cluster_runtime, deploy
     from pipeline.params import storage_environment
 
     recorded_run = resolved_run_id(run_id, os.environ)  # before anything is published
@@ -214,9 +220,14 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
     notes = annotations_for(float(mar.metadata["accuracy"]), float(mar.metadata["open_set_rejection"]),
                             model_version, sha256_file(path), recorded_run)
     target = KServeTarget(storage_uri=storage_uri, model_uri=model_uri, namespace=namespace,
-                          service_name=service_name, protocol=protocol, runtime=runtime,
+                          service_name=service_name, protocol=protocol,
+                          runtime=cluster_runtime(serving_runtime, runtime),
                           service_account=service_account, api_key_secret=api_key_secret,
-                          image_pull_secrets=[image_pull_secret] if image_pull_secret else [], annotations=notes)
+                          image_pull_secrets=[image_pull_secret] if image_pull_secret else [], annotations=notes,
+                          # int(): KFP passes numbers as protobuf doubles (1.0) to the executor.
+                          scaling=Scaling(int(min_replicas), int(max_replicas), int(scale_target)),
+                          timeout_s=float(watch_timeout_s),
+                          lock_holder=f"pipeline run {recorded_run}")
     result = deploy(path, model_name, model_version, target, dry_run)
     Path(manifest.path).write_text(json.dumps(result.manifest, indent=2))
     manifest.metadata.update({"storage": result.location, "applied": not dry_run, "url": result.url})

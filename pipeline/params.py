@@ -18,11 +18,13 @@ from cli_common import Param
 from settings import (DEFAULT_DATA_SOURCE, MODEL_NAME, MODEL_NAME_PATTERN, MODEL_NAME_RULE, MODEL_VERSION,
                       PVC_MOUNT_DEFAULT)
 from serving.archive import MODEL_VERSION_PATTERN, MODEL_VERSION_RULE
+from serving.runtimes import DEFAULT_SERVING_RUNTIME, SERVING_RUNTIMES
 from training.data import SOURCE_FORMS, source_problem
 from training.data.sources import pvc_claim
 from training.params import TRAINING_PARAMS
 
-from .kserve_deploy.manifest import DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, PROTOCOLS
+from .kserve_deploy.manifest import (DEFAULT_API_KEY_SECRET, MAX_REPLICAS, MIN_REPLICAS, PROTOCOLS, SCALE_TARGET,
+                                     Scaling)
 
 DEPLOY_TARGETS = ("local", "kserve", "none")
 #: The quality gate's open-set minimums (pipeline.quality): the quick start's model clears them (0.997 and 0.994), a
@@ -74,6 +76,9 @@ PARAMS: tuple[Param, ...] = (
           "deploy to KServe even when the live InferenceService's accuracy cannot be read (no API access, "
           "no annotation); otherwise that fails the run"),
     Param("deploy_target", str, "none", "where a model that passes the gate goes", choices=DEPLOY_TARGETS),
+    Param("serving_runtime", str, DEFAULT_SERVING_RUNTIME, "what serves the model, locally and on KServe: "
+          "torchserve, or python (the same .mar without Java; docs/decisions.md says when)",
+          choices=tuple(SERVING_RUNTIMES)),
     Param("serve_workdir", str, "", "local TorchServe working directory (logs, key file); '' = local_outputs/serve"),
     Param("serve_config", str, "", "local TorchServe config.properties; '' = the project's"),
     Param("kserve_storage_uri", str, "", "where the model store is written: s3://, gs://, pvc://<claim>/<path> "
@@ -83,7 +88,8 @@ PARAMS: tuple[Param, ...] = (
     Param("kserve_namespace", str, "", "namespace of the InferenceService; '' = the pipeline run's own namespace"),
     Param("kserve_service_name", str, "", "InferenceService name; '' = derived from model_name"),
     Param("kserve_protocol", str, "v1", "KServe inference protocol", choices=PROTOCOLS),
-    Param("kserve_runtime", str, DEFAULT_RUNTIME, "ServingRuntime (deploy/kserve/servingruntime.yaml) serving the model"),
+    Param("kserve_runtime", str, "", "ClusterServingRuntime serving the model; '' = the project's one for "
+          "serving_runtime (deploy/kserve/servingruntime*.yaml)"),
     Param("kserve_service_account", str, "", "service account holding the storage credentials"),
     Param("kserve_api_key_secret", str, DEFAULT_API_KEY_SECRET,
           "Secret whose key api-key callers present as a bearer token"),
@@ -91,6 +97,12 @@ PARAMS: tuple[Param, ...] = (
           "('' = taken from a pvc:// kserve_storage_uri)"),
     Param("kserve_image_pull_secret", str, "", "Secret the InferenceService's predictor pulls its image with "
           "('' = none)", check=_secret_name),
+    Param("kserve_min_replicas", int, MIN_REPLICAS, "predictor replicas at least (0: Knative may scale to zero)"),
+    Param("kserve_max_replicas", int, MAX_REPLICAS, "predictor replicas at most"),
+    Param("kserve_scale_target", int, SCALE_TARGET, "requests in flight per pod that Knative scales on (serverless "
+          "mode; raw mode keeps KServe's CPU autoscaling)"),
+    Param("kserve_watch_timeout", float, 600.0, "seconds deploy waits for the new revision to serve before it puts "
+          "the spec back", check=lambda value: None if math.isfinite(value) and value > 0 else "must be > 0"),
     Param("kserve_dry_run", bool, False, "write the storage layout and return the manifest; touch no cluster"),
 )
 DEFAULTS: dict[str, Any] = {p.name: p.default for p in PARAMS}
@@ -134,6 +146,9 @@ def validate(values: dict[str, Any]) -> dict[str, Any]:
         problem = p.check(value) if p.check else None
         if problem:
             raise ParamError(f"{p.name}={value!r}: {problem}")
+    scaling = Scaling(out["kserve_min_replicas"], out["kserve_max_replicas"], out["kserve_scale_target"])
+    if scaling.problem():
+        raise ParamError(f"kserve_min_replicas, kserve_max_replicas, kserve_scale_target: {scaling.problem()}")
     if out["deploy_target"] == "kserve" and not out["kserve_storage_uri"]:
         raise ParamError("deploy_target=kserve needs kserve_storage_uri (an s3://, gs:// or pvc:// URI)")
     uri = out["kserve_storage_uri"]

@@ -76,7 +76,7 @@ def _graph(p: dict[str, Any], options: CompileOptions) -> None:
     with dsl.If(quality.outputs["Output"] == "pass", name="quality-gate"):
         with dsl.If(p["deploy_target"] == "local", name="target-local"):
             task(deploy_local(mar=mar, model_name=p["model_name"], workdir=p["serve_workdir"],
-                              config=p["serve_config"])).set_caching_options(False)
+                              config=p["serve_config"], runtime=p["serving_runtime"])).set_caching_options(False)
         with dsl.Elif(p["deploy_target"] == "kserve", name="target-kserve"):
             gate = task(compare_with_deployed(evaluated=evaluated.outputs["evaluated"], model_name=p["model_name"],
                                               namespace=p["kserve_namespace"], service_name=p["kserve_service_name"],
@@ -87,6 +87,9 @@ def _graph(p: dict[str, Any], options: CompileOptions) -> None:
                               storage_uri=p["kserve_storage_uri"], model_uri=p["kserve_model_uri"],
                               namespace=p["kserve_namespace"], service_name=p["kserve_service_name"],
                               protocol=p["kserve_protocol"], runtime=p["kserve_runtime"],
+                              serving_runtime=p["serving_runtime"], min_replicas=p["kserve_min_replicas"],
+                              max_replicas=p["kserve_max_replicas"], scale_target=p["kserve_scale_target"],
+                              watch_timeout_s=p["kserve_watch_timeout"],
                               service_account=p["kserve_service_account"], api_key_secret=p["kserve_api_key_secret"],
                               image_pull_secret=p["kserve_image_pull_secret"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                               dry_run=p["kserve_dry_run"])

@@ -44,21 +44,24 @@ def check_run(values: dict[str, Any]) -> None:
 
 
 def _check_local_serving(values: dict[str, Any]) -> None:
-    from serving.server import Instance, holder_of, port_in_use
+    from serving.python_server import served_ports
+    from serving.server import Instance, holder_of, port_in_use, recorded_here
 
-    if shutil.which("java") is None:
+    python = values["serving_runtime"] == "python"
+    if not python and shutil.which("java") is None:
         raise PreflightError("java not found: deploy_target=local starts TorchServe, which needs Java 17 "
-                             "(apt-get install openjdk-17-jre-headless), or pass --deploy-target none")
+                             "(apt-get install openjdk-17-jre-headless); or pass --serving-runtime python (no Java) "
+                             "or --deploy-target none")
     config = Path(values["serve_config"] or CONFIG_FILE)
     instance = Instance(Path(values["serve_workdir"]), config, values["model_name"])
     try:
-        ports = instance.endpoints.ports()
+        ports = served_ports(instance) if python else instance.endpoints.ports()
     except OSError as exc:
         raise PreflightError(f"--serve-config {config}: cannot read it ({exc.strerror})") from None
     except (SettingsError, ValueError) as exc:
         raise PreflightError(f"--serve-config {config}: {exc}") from None
-    if instance.pid() is not None:
-        return  # the TorchServe of this serve workdir holds its ports; deploy-local stops it first
+    if instance.pid() is not None or recorded_here(instance) is not None:
+        return  # the server of this serve workdir holds its ports; deploy-local stops it first
     taken = [f"{port} ({what}){holder_of(port)}" for what, port in ports.items() if port_in_use(port)]
     if taken:
         raise PreflightError(f"port {', '.join(taken)} of {config} already in use: stop what holds it "

@@ -1,16 +1,22 @@
 """`python -m pipeline rollback --to VERSION`: serve a version the deploy record lists again.
 
 The record (pipeline.kserve_deploy.record, written by deploy once a revision serves) keeps the versions the
-InferenceService served, each with its storageUri and the gate's fields. Rolling back patches the storageUri
-(and the version label) back, waits until the new revision serves the way deploy does, and only then makes
-that version the record's current one (the one it replaces becomes previous), so the next run's gate compares
-with the model that really serves. A revision that fails, the deadline or an interrupt put the spec back on
-the version that was serving and leave the record as it was.
+InferenceService served, each with its storageUri, the gate's fields and the predictor as deployed. Rolling back
+puts that predictor back whole (runtime, protocol, port and probes, resources, replicas, storage) with the version
+label and the autoscaling target (entries recorded before the predictor was: the storageUri and label only), waits
+until the new revision serves the way deploy does, and only then makes that version the record's current one (the
+one it replaces becomes previous), so the next run's gate compares with the model that really serves. A revision
+that fails, the deadline or an interrupt put the spec back on the version that was serving and leave the record as
+it was. It holds the deploy lock throughout: a deploy of the same service meanwhile is refused, and it is refused
+while one runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
 import sys
 from typing import Any
 
@@ -20,8 +26,9 @@ from settings import MODEL_NAME, service_name_for
 from .gate import ANNOTATIONS
 from .kserve_deploy.api import core_v1_api, custom_objects_api, own_namespace, read_inference_service
 from .kserve_deploy.errors import KServeError
-from .kserve_deploy.record import STORAGE_URI_KEY, read_record, record_name, record_served
-from .kserve_deploy.rollout import roll_out, rollout_state, served_storage_uri
+from .kserve_deploy.record import (LOCK_SLACK_S, REVISION_KEY, STORAGE_URI_KEY, deploy_lock, read_record, record_name,
+                                   record_served)
+from .kserve_deploy.rollout import OWNED_ANNOTATIONS, merge_diff, roll_out, rollout_state, served_storage_uri
 
 VERSION_KEY = ANNOTATIONS["model_version"]
 
@@ -68,17 +75,39 @@ def rollback(version: str, namespace: str, service: str, timeout_s: float = 600.
     if record.current == entry and served_storage_uri(obj) == uri and rollout_state(obj, None)[0] == "served":
         return f"{where} already serves version {version} ({uri}): nothing to do"
     was = record.current.get(VERSION_KEY, "?")
+    recorded = _revision(entry)
 
     def make(existing: dict) -> dict:
-        return {"metadata": {"labels": {"app.kubernetes.io/version": version}},
-                "spec": {"predictor": {"model": {"storageUri": uri}}}}
+        labels = {"app.kubernetes.io/version": version}
+        if recorded is None:
+            return {"metadata": {"labels": labels}, "spec": {"predictor": {"model": {"storageUri": uri}}}}
+        predictor = merge_diff((existing.get("spec") or {}).get("predictor") or {}, recorded["predictor"])
+        now = existing["metadata"].get("annotations") or {}
+        notes = {key: recorded["annotations"].get(key) for key in OWNED_ANNOTATIONS
+                 if now.get(key) != recorded["annotations"].get(key)}
+        return {"metadata": {"labels": labels, **({"annotations": notes} if notes else {})},
+                "spec": {"predictor": predictor}}
 
-    served = roll_out(api, namespace, service, make, timeout_s, poll_s)
-    record_served(core_api, namespace, service, entry, f"version {version} ({uri})")
+    holder = f"pipeline rollback on {socket.gethostname()} pid {os.getpid()}"
+    with deploy_lock(core_api, namespace, service, holder, timeout_s + LOCK_SLACK_S):
+        served = roll_out(api, namespace, service, make, timeout_s, poll_s)
+        record_served(core_api, namespace, service, entry, f"version {version} ({uri})")
     revision = (((served.get("status") or {}).get("components") or {}).get("predictor") or {}).get(
         "latestReadyRevision")
-    return (f"rolled {where} back from version {was} to {version} ({uri})"
+    whole = "its whole predictor" if recorded is not None else "its storage only (recorded before predictors were)"
+    return (f"rolled {where} back from version {was} to {version} ({uri}; {whole})"
             + (f": revision {revision} serves" if revision else ""))
+
+
+def _revision(entry: dict[str, str]) -> dict[str, Any] | None:
+    """The predictor and annotations an entry recorded (REVISION_KEY); None for entries from before it."""
+    try:
+        revision = json.loads(entry.get(REVISION_KEY) or "null")
+    except ValueError:
+        return None
+    if not isinstance(revision, dict) or not isinstance(revision.get("predictor"), dict):
+        return None
+    return {"predictor": revision["predictor"], "annotations": dict(revision.get("annotations") or {})}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -81,16 +81,21 @@ class Instance:
         return read_properties(self.config).get("disable_token_authorization", "false").lower() != "true"
 
     def keys(self) -> dict[str, str]:
-        """Current tokens from key_file.json: {"inference": ..., "management": ..., "API": ...}.
+        """Current tokens from key_file.json: {"inference": ..., "management": ..., "API": ...} from TorchServe, only
+        "inference" from the python runtime (it has no management API).
 
         Empty when the config turns token authorization off (KServe puts auth at its ingress).
         """
         if not self.token_auth:
             return {}
         try:
-            return {kind: from_key_file(self.key_file, kind).value for kind in ("inference", "management", "API")}
+            keys = {"inference": from_key_file(self.key_file, "inference").value}
         except ClientError as exc:
             raise LocalServerError(str(exc)) from None
+        for kind in ("management", "API"):
+            with contextlib.suppress(ClientError):
+                keys[kind] = from_key_file(self.key_file, kind).value
+        return keys
 
 
 def _is_torchserve(pid: int) -> bool:

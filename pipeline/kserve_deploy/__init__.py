@@ -22,6 +22,8 @@ runs them in order. The names callers use are re-exported here.
 
 from __future__ import annotations
 
+import os
+import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,27 +40,28 @@ from .errors import KServeError
 from .layout import (CONFIG_PATH, INFERENCE_PORT, METRICS_PORT, MODEL_STORE_MOUNT, SNAPSHOT_KEYS, STORE_DIR,
                      TORCHSERVE_METRICS_PORT, model_snapshot, runtime_properties, stage_layout)
 from .manifest import (API_KEY_ENV, DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, GRPC_PROTOCOL, LIVE_PATH, PREDICTOR_CPU,
-                       PREDICTOR_MEMORY, PROTOCOLS, READY_PATH, inference_service, predictor_endpoint)
+                       PREDICTOR_MEMORY, PROTOCOLS, READY_PATH, Scaling, cluster_runtime, inference_service,
+                       predictor_endpoint)
 from .publish import CLUSTER_SCHEMES, local_path, publish, storage_uri, versioned
-from .record import (RECORD_HISTORY, RECORD_PREFIX, STORAGE_URI_KEY, Record, read_record, record_name, record_served,
-                     write_record)
-from .rollout import (MODE_ANNOTATION, apply, deployment_state, is_raw, roll_out, rollout_state, served_storage_uri,
-                      wait_ready)
-
+from .record import (LOCK_KEY, LOCK_SLACK_S, RECORD_HISTORY, RECORD_PREFIX, REVISION_KEY, STORAGE_URI_KEY, Record,
+                     deploy_lock, read_record, record_name, record_served, revision_entry, write_record)
+from .rollout import (MODE_ANNOTATION, OWNED_ANNOTATIONS, apply, deployment_state, is_raw, roll_out, rollout_state,
+                      served_storage_uri, wait_ready)
 
 #: Settings that tests patch (NAMESPACE_FILE, API_BACKOFF_S) are read in their own module (kserve_deploy.api):
 #: patch them there; these names are copies.
 __all__ = ["API_ATTEMPTS", "API_BACKOFF_S", "API_KEY_ENV", "CLUSTER_SCHEMES", "CONFIG_PATH", "CONFLICT_ATTEMPTS",
            "DEFAULT_API_KEY_SECRET", "DEFAULT_RUNTIME", "GROUP", "GRPC_PROTOCOL", "INFERENCE_PORT", "LIVE_PATH",
-           "METRICS_PORT", "MODE_ANNOTATION", "MODEL_STORE_MOUNT", "NAMESPACE_FILE", "PLURAL", "PREDICTOR_CPU",
-           "PREDICTOR_MEMORY", "PROTOCOLS", "READY_PATH", "RECORD_HISTORY", "RECORD_PREFIX", "SNAPSHOT_KEYS",
-           "STORAGE_URI_KEY", "STORE_DIR", "TORCHSERVE_METRICS_PORT", "VERSION", "Deployment", "KServeError",
-           "KServeTarget", "Record", "api_client", "api_error", "apply", "apps_v1_api", "call", "check_claim",
-           "core_v1_api", "custom_objects_api", "deploy", "deployment_state", "inference_service", "is_raw",
-           "local_path", "model_snapshot", "own_namespace", "predictor_endpoint", "publish",
-           "read_inference_service", "read_record", "record_name", "record_served", "resolve_namespace", "roll_out",
-           "rollout_state", "runtime_properties", "served_storage_uri", "stage_layout",
-           "storage_uri", "versioned", "wait_ready", "write_record"]
+           "LOCK_KEY", "LOCK_SLACK_S", "METRICS_PORT", "MODEL_STORE_MOUNT", "MODE_ANNOTATION", "NAMESPACE_FILE",
+           "OWNED_ANNOTATIONS", "PLURAL", "PREDICTOR_CPU", "PREDICTOR_MEMORY", "PROTOCOLS", "READY_PATH",
+           "RECORD_HISTORY", "RECORD_PREFIX", "REVISION_KEY", "SNAPSHOT_KEYS", "STORAGE_URI_KEY", "STORE_DIR",
+           "TORCHSERVE_METRICS_PORT", "VERSION", "Deployment", "KServeError", "KServeTarget", "Record", "Scaling",
+           "api_client", "api_error", "apply", "apps_v1_api", "call", "check_claim", "cluster_runtime",
+           "core_v1_api", "custom_objects_api", "deploy", "deploy_lock", "deployment_state", "inference_service",
+           "is_raw", "local_path", "model_snapshot", "own_namespace", "predictor_endpoint", "publish",
+           "read_inference_service", "read_record", "record_name", "record_served", "resolve_namespace",
+           "revision_entry", "roll_out", "rollout_state", "runtime_properties", "served_storage_uri", "stage_layout",
+           "storage_uri", "target_manifest", "versioned", "wait_ready", "write_record"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,11 @@ class KServeTarget:
     image_pull_secrets: list[str] = field(default_factory=list)
     #: The model container's `resources` ({"requests": {...}, "limits": {...}}) instead of cpu/memory for both.
     resources: dict[str, dict[str, str]] | None = None
+    #: Replicas and the autoscaling target (manifest.Scaling).
+    scaling: Scaling = field(default_factory=Scaling)
+    #: Who holds the deploy lock (record.deploy_lock) while this runs, as others are told: the pipeline run;
+    #: "" = this host and process.
+    lock_holder: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,10 +103,12 @@ class Deployment:
 def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_run: bool = False,
            api: Any = None, core_api: Any = None) -> Deployment:
     """Publish `<storage_uri>/<version>/`, point the InferenceService at it and, once its new revision serves,
-    record `target.annotations` as what it serves (dry run: layout and manifest only).
+    record `target.annotations` as what it serves, with the predictor as deployed (dry run: layout and manifest
+    only).
 
     The InferenceService is patched only after every file is uploaded; a rollout that does not come to serve
-    leaves the spec and the record as they were.
+    leaves the spec and the record as they were. All of it runs under the service's deploy lock: a second deploy
+    or rollback of the same service meanwhile is refused on one line.
     """
     if not target.storage_uri:
         raise KServeError("storage_uri is required: an s3://, gs:// or pvc:// location for the model store")
@@ -116,22 +126,34 @@ def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_r
         local = local_path(model_uri)
         model_uri = local.resolve().as_uri() if local is not None else model_uri
     namespace = resolve_namespace(target.namespace)
-    service = target.service_name or service_name_for(model_name)
-    manifest = inference_service(service, namespace, model_uri, target.protocol, model_name, version,
-                                 target.runtime, target.service_account, target.cpu, target.memory,
-                                 target.api_key_secret, image_pull_secrets=target.image_pull_secrets,
-                                 resources=target.resources)
-    if not dry_run and (scheme == "pvc" or target.annotations):
-        core_api = core_api or core_v1_api()
-    if not dry_run:
-        check_claim(core_api, model_uri, location, namespace)
-    with tempfile.TemporaryDirectory(prefix="kserve-store-") as tmp:
-        stage_layout(Path(mar), model_name, version, Path(tmp))
-        publish(Path(tmp), location)
+    manifest = target_manifest(target, model_name, version, model_uri, namespace)
+    service = manifest["metadata"]["name"]
     if dry_run:
+        _publish(Path(mar), model_name, version, location)
         return Deployment(location, manifest, "")
-    served = apply(manifest, target.timeout_s, api, target.poll_s)
-    if target.annotations:
-        record_served(core_api, namespace, service, {**target.annotations, STORAGE_URI_KEY: model_uri},
-                              f"version {version} ({model_uri})")
+    core_api = core_api or core_v1_api()
+    check_claim(core_api, model_uri, location, namespace)
+    holder = target.lock_holder or f"{socket.gethostname()} pid {os.getpid()}"
+    with deploy_lock(core_api, namespace, service, holder, target.timeout_s + LOCK_SLACK_S):
+        _publish(Path(mar), model_name, version, location)
+        served = apply(manifest, target.timeout_s, api, target.poll_s)
+        if target.annotations:
+            entry = {**target.annotations, STORAGE_URI_KEY: model_uri,
+                     REVISION_KEY: revision_entry(manifest, OWNED_ANNOTATIONS)}
+            record_served(core_api, namespace, service, entry, f"version {version} ({model_uri})")
     return Deployment(location, manifest, (served.get("status") or {}).get("url", ""))
+
+
+def target_manifest(target: KServeTarget, model_name: str, version: str, model_uri: str, namespace: str) -> dict:
+    """The InferenceService deploy writes for `target`, serving `model_uri`."""
+    return inference_service(target.service_name or service_name_for(model_name), namespace, model_uri,
+                             target.protocol, model_name, version, target.runtime, target.service_account,
+                             target.cpu, target.memory, target.api_key_secret,
+                             image_pull_secrets=target.image_pull_secrets, resources=target.resources,
+                             scaling=target.scaling)
+
+
+def _publish(mar: Path, model_name: str, version: str, location: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="kserve-store-") as tmp:
+        stage_layout(mar, model_name, version, Path(tmp))
+        publish(Path(tmp), location)

@@ -4,9 +4,11 @@ callers' key, checked against KServe's schema."""
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 from settings import KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, WORKER_THREADS
+from serving.runtimes import DEFAULT_SERVING_RUNTIME, SERVING_RUNTIMES
 
 from ..manifests import ManifestError, validate
 from .api import GROUP, VERSION
@@ -20,8 +22,8 @@ GRPC_PROTOCOL = "grpc-v2"
 #: The gateway's probe paths (serving/gateway/app.py PROBE_PATHS, answered without the key): ready = a worker of
 #: the model is READY (serving/kserve_runtime/torchserve.py ready: the model is loaded), live = TorchServe answers.
 READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
-#: The ClusterServingRuntime in deploy/kserve/servingruntime.yaml.
-DEFAULT_RUNTIME = "mnist-embedding-torchserve"
+#: The ClusterServingRuntime of the default serving runtime (deploy/kserve/servingruntime.yaml).
+DEFAULT_RUNTIME = SERVING_RUNTIMES[DEFAULT_SERVING_RUNTIME].cluster_runtime
 #: Secret (in the InferenceService's namespace) whose key `api-key` callers present as a bearer token.
 DEFAULT_API_KEY_SECRET = "mnist-embedding-api-key"
 API_KEY_ENV = "INFERENCE_API_KEY"
@@ -31,6 +33,46 @@ API_KEY_ENV = "INFERENCE_API_KEY"
 #: grow its heap to its -Xmx512m; 1 CPU halved req/s at c=16 and doubled p99 at c=1 against 2 CPUs (the two
 #: workers each keep a core busy).
 PREDICTOR_CPU, PREDICTOR_MEMORY = "2", "1536Mi"
+#: Requests in flight per pod that Knative's autoscaler aims at (its default, 100, would pile up six times what one
+#: pod serves well): at 2 CPUs a pod answered 310-400 req/s at c=16 with p99 68-162 ms, and c=64 only queued
+#: longer (docs/performance.md, "Under Kubernetes limits"). Replicas: at least one (no cold start), at most four
+#: unless raised (a cap on what a traffic spike can cost).
+SCALE_TARGET, MIN_REPLICAS, MAX_REPLICAS = 16, 1, 4
+#: How Knative reads the target: revision annotations KServe copies from the InferenceService's own (all but its
+#: serviceAnnotationDisallowedList, kserve pkg/constants at v0.15.2). Raw deployment mode ignores them and keeps
+#: KServe's HPA on CPU; spec.scaleTarget would instead be read there as a CPU percentage.
+KNATIVE_TARGET, KNATIVE_METRIC = "autoscaling.knative.dev/target", "autoscaling.knative.dev/metric"
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """The predictor's replicas and the in-flight requests per pod Knative scales on."""
+
+    min_replicas: int = MIN_REPLICAS
+    max_replicas: int = MAX_REPLICAS
+    target: int = SCALE_TARGET
+
+    def problem(self) -> str | None:
+        """Why these cannot be deployed, on one line; None when they can."""
+        if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
+            return (f"replicas must satisfy 0 <= min ({self.min_replicas}) <= max ({self.max_replicas}) and "
+                    "max >= 1")
+        if self.target < 1:
+            return f"the scale target must be at least 1 request in flight per pod, not {self.target}"
+        return None
+
+    def annotations(self) -> dict[str, str]:
+        return {KNATIVE_METRIC: "concurrency", KNATIVE_TARGET: str(self.target)}
+
+
+def cluster_runtime(serving_runtime: str, named: str = "") -> str:
+    """The ClusterServingRuntime the predictor names: `named` when given, else the project's one for
+    `serving_runtime` (serving.runtimes.SERVING_RUNTIMES); KServeError for an unknown serving runtime."""
+    if named:
+        return named
+    if serving_runtime not in SERVING_RUNTIMES:
+        raise KServeError(f"serving runtime {serving_runtime!r} is not one of {', '.join(SERVING_RUNTIMES)}")
+    return SERVING_RUNTIMES[serving_runtime].cluster_runtime
 
 
 def predictor_endpoint(protocol: str) -> dict[str, Any]:
@@ -67,15 +109,18 @@ def inference_service(name: str, namespace: str, storage_uri: str, protocol: str
                       memory: str = PREDICTOR_MEMORY,
                       api_key_secret: str = DEFAULT_API_KEY_SECRET, annotations: dict[str, str] | None = None, *,
                       image_pull_secrets: list[str] | None = None,
-                      resources: dict[str, dict[str, str]] | None = None) -> dict:
+                      resources: dict[str, dict[str, str]] | None = None, scaling: Scaling = Scaling()) -> dict:
     """The InferenceService manifest, checked against KServe's InferenceService schema.
 
     The caller's bearer key reaches the runtime as INFERENCE_API_KEY from the Secret `api_key_secret`
     (key `api-key`); without the Secret the pod does not start, so the model is never served openly.
     `resources` replaces the model container's requests and limits (default: `cpu` and `memory` for both).
+    `scaling` sets the replicas (both modes) and Knative's target (its annotations; raw mode ignores them).
     """
     if any(not secret for secret in image_pull_secrets or ()):
         raise KServeError("invalid InferenceService: an imagePullSecrets entry needs a Secret name")
+    if scaling.problem():
+        raise KServeError(f"invalid InferenceService: {scaling.problem()}")
     if resources is not None and (not isinstance(resources, dict) or not resources):
         raise KServeError("invalid InferenceService: resources must be {\"requests\": {...}, \"limits\": {...}}")
     default = {"cpu": cpu, "memory": memory}
@@ -92,7 +137,8 @@ def inference_service(name: str, namespace: str, storage_uri: str, protocol: str
     model.update(predictor_endpoint(protocol))
     if runtime:
         model["runtime"] = runtime
-    predictor: dict[str, Any] = {"minReplicas": 1, "model": model}
+    predictor: dict[str, Any] = {"minReplicas": scaling.min_replicas, "maxReplicas": scaling.max_replicas,
+                                 "model": model}
     if service_account:
         predictor["serviceAccountName"] = service_account
     if image_pull_secrets:
@@ -104,8 +150,7 @@ def inference_service(name: str, namespace: str, storage_uri: str, protocol: str
                      "labels": {"app.kubernetes.io/name": model_name, "app.kubernetes.io/version": version}},
         "spec": {"predictor": predictor},
     }
-    if annotations:
-        manifest["metadata"]["annotations"] = dict(annotations)
+    manifest["metadata"]["annotations"] = {**scaling.annotations(), **(annotations or {})}
     try:
         validate(manifest)
     except ManifestError as exc:

@@ -11,6 +11,7 @@ from ..releases import RAW_MODE_NAMES
 from .api import (CONFLICT_ATTEMPTS, GROUP, PLURAL, VERSION, api_error, apps_v1_api, call, custom_objects_api,
                   read_inference_service)
 from .errors import KServeError
+from .manifest import KNATIVE_METRIC, KNATIVE_TARGET
 
 
 def _predictor_status(obj: dict) -> dict:
@@ -22,14 +23,14 @@ def served_storage_uri(obj: dict) -> str:
     return (((obj.get("spec") or {}).get("predictor") or {}).get("model") or {}).get("storageUri", "")
 
 
-def _merge_diff(current: Any, target: Any) -> Any:
+def merge_diff(current: Any, target: Any) -> Any:
     """The JSON merge patch (RFC 7386) that turns `current` into `target`."""
     if not isinstance(current, dict) or not isinstance(target, dict):
         return copy.deepcopy(target)
     patch = {key: None for key in current if key not in target}
     for key, value in target.items():
         if key not in current or current[key] != value:
-            patch[key] = _merge_diff(current.get(key), value)
+            patch[key] = merge_diff(current.get(key), value)
     return patch
 
 
@@ -53,6 +54,9 @@ def _patch(api: Any, namespace: str, name: str, make: Any, existing: dict | None
     raise AssertionError("unreachable")
 
 
+#: The InferenceService annotations deploy writes (the autoscaling target Knative reads from its revision):
+#: patched with the spec, and put back with it when the rollout fails. Others (the user's, KServe's) are left alone.
+OWNED_ANNOTATIONS = (KNATIVE_TARGET, KNATIVE_METRIC)
 #: Optional predictor fields the manifest sets only when asked: a patch removes them when no longer asked.
 OPTIONAL_PREDICTOR_KEYS = ("serviceAccountName", "imagePullSecrets")
 #: The model container's probes: a JSON merge patch merges objects key by key, so a probe whose handler changed
@@ -72,15 +76,21 @@ def _deploy_patch(manifest: dict, existing: dict) -> dict:
         model["runtime"] = None
     for key in PROBE_KEYS:
         if isinstance(old_model.get(key), dict):
-            model[key] = _merge_diff(old_model[key], model[key]) if key in model else None
-    return {"metadata": {"labels": dict(manifest["metadata"].get("labels") or {})}, "spec": spec}
+            model[key] = merge_diff(old_model[key], model[key]) if key in model else None
+    owned = {key: value for key, value in (manifest["metadata"].get("annotations") or {}).items()
+             if key in OWNED_ANNOTATIONS}
+    return {"metadata": {"labels": dict(manifest["metadata"].get("labels") or {}), "annotations": owned},
+            "spec": spec}
 
 
 def _revert_patch(before: dict) -> Any:
     def make(current: dict) -> dict:
-        patch = _merge_diff({"labels": current["metadata"].get("labels") or {}, "spec": current.get("spec") or {}},
+        patch = merge_diff({"labels": current["metadata"].get("labels") or {}, "spec": current.get("spec") or {}},
                             {"labels": before["metadata"].get("labels") or {}, "spec": before.get("spec") or {}})
-        return {"metadata": {"labels": patch.pop("labels", {})}, **patch}
+        was = before["metadata"].get("annotations") or {}
+        now = current["metadata"].get("annotations") or {}
+        notes = {key: was.get(key) for key in OWNED_ANNOTATIONS if now.get(key) != was.get(key)}
+        return {"metadata": {"labels": patch.pop("labels", {}), **({"annotations": notes} if notes else {})}, **patch}
     return make
 
 

@@ -29,10 +29,13 @@ def test_first_deploy_passes_and_records_once_the_revision_serves(cluster, archi
     cluster.ready_delay_s = 0.3
     deploy_version(archive, "1.0", 0.93)
     made = calls(cluster)
-    assert made[:4] == [("GET", f"{BASE}/embedding"),
-                        ("GET", "/api/v1/namespaces/models/persistentvolumeclaims/models"),
+    lock = [("GET", f"{RECORD}/embedding-deployed-model"), ("POST", RECORD)]  # the deploy lock, in the record
+    assert made[:6] == [("GET", f"{BASE}/embedding"),
+                        ("GET", "/api/v1/namespaces/models/persistentvolumeclaims/models"), *lock,
                         ("GET", f"{BASE}/embedding"), ("POST", BASE)]
-    assert made[-2:] == [("GET", f"{RECORD}/embedding-deployed-model"), ("POST", RECORD)]
+    record_write = ("PUT", f"{RECORD}/embedding-deployed-model")
+    assert made[-4:] == [("GET", f"{RECORD}/embedding-deployed-model"), record_write,  # the record, then the lock's
+                         ("GET", f"{RECORD}/embedding-deployed-model"), record_write]  # release
     assert all(r["headers"]["authorization"] == "Bearer runner-token" for r in cluster.requests)
     assert record(cluster) == {"current": entry("1.0", 0.93), "history": [entry("1.0", 0.93)]}
     served = cluster.isvc("models", "embedding")

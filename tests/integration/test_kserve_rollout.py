@@ -4,11 +4,14 @@ API-server semantics the rest relies on, checked through the real `kubernetes` c
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 from support.rollout import archive, cluster, deploy_version, entry, pvc, record  # noqa: F401 (fixtures)
 
 from pipeline import kserve_deploy
-from pipeline.kserve_deploy import GROUP, PLURAL, VERSION, KServeError, inference_service
+from pipeline.kserve_deploy import GROUP, LOCK_KEY, PLURAL, VERSION, KServeError, inference_service
 from pipeline.releases import RAW_MODE_NAMES
 
 
@@ -62,17 +65,19 @@ def test_a_client_error_is_not_retried(cluster, archive, pvc):
 def test_409_on_the_patch_rereads_and_reapplies(cluster, archive, pvc):
     deploy_version(archive, "1.0", 0.9)
     cluster.interfere_next("PATCH", "inferenceservices")
-    cluster.interfere_next("PUT", "configmaps")
+    cluster.interfere_next("PUT", "configmaps", after=1)  # the record's write; the lock's comes first
     deploy_version(archive, "2.0", 0.95)
     patches = writes(cluster, "inferenceservices")[1:]
-    assert len(patches) == 2 and len(writes(cluster, "configmaps")) == 3  # POST, then a PUT refused and redone
+    # 1.0: the lock (creating the record's ConfigMap), the record, the lock's release; 2.0: the lock, the record
+    # (refused once and redone), the release.
+    assert len(patches) == 2 and [r["method"] for r in writes(cluster, "configmaps")] == ["POST"] + ["PUT"] * 6
     assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/2.0"
     assert record(cluster)["current"] == entry("2.0", 0.95) and record(cluster)["previous"] == entry("1.0", 0.9)
 
 
 def test_a_record_that_cannot_be_written_says_what_serves(cluster, archive, pvc):
     deploy_version(archive, "1.0", 0.9)
-    cluster.fail_next("PUT", "configmaps", 500, times=kserve_deploy.API_ATTEMPTS)
+    cluster.fail_next("PUT", "configmaps", 500, times=kserve_deploy.API_ATTEMPTS, after=1)  # after the lock
     with pytest.raises(KServeError, match=r"^version 2\.0 \(pvc://models/embedding/2\.0\) serves, but its record "
                                           r"ConfigMap models/embedding-deployed-model could not be written: 500 "):
         deploy_version(archive, "2.0", 0.95)
@@ -173,6 +178,51 @@ def test_a_grpc_v2_deploy_composes_with_the_shipped_runtime_and_serves(cluster, 
     assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/1.0"
 
 
+@pytest.mark.parametrize("protocol", ["v1", "grpc-v2"])
+def test_switching_the_serving_runtime_rolls_a_revision_composed_from_the_other_runtime(cluster, archive, pvc,
+                                                                                       protocol):
+    """serving_runtime=python names mnist-embedding-python: the spec changes, so KServe makes a revision, which the
+    stand-in composes from deploy/kserve/servingruntime-python.yaml and checks as Knative would; back to torchserve
+    is one more revision. A runtime the stand-in does not hold would make one too, unchecked, so the name matters."""
+    from pipeline.kserve_deploy import cluster_runtime
+
+    deploy_version(archive, "1.0", 0.9, protocol=protocol)
+    deploy_version(archive, "2.0", 0.9, protocol=protocol, runtime=cluster_runtime("python"))
+    deploy_version(archive, "3.0", 0.9, protocol=protocol, runtime=cluster_runtime("torchserve"))
+    assert cluster.refused == []
+    revisions = cluster.revisions[("models", "embedding")]
+    runtimes = [r["template"][0]["predictor"]["model"]["runtime"] for r in revisions]
+    assert runtimes == ["mnist-embedding-torchserve", "mnist-embedding-python", "mnist-embedding-torchserve"]
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/3.0"
+
+
+def test_a_new_scale_target_rolls_a_revision_and_a_failed_one_is_put_back(cluster, archive, pvc):
+    """The autoscaling target is an annotation KServe copies to the revision: changing it makes one, with the new
+    target; when that revision fails, the annotation is put back with the spec. Annotations deploy does not own
+    (the user's) are never touched."""
+    from kubernetes.client import CustomObjectsApi
+
+    from pipeline.kserve_deploy import Scaling
+
+    target = "autoscaling.knative.dev/target"
+    deploy_version(archive, "1.0", 0.9)
+    api = CustomObjectsApi(kserve_deploy.api_client())
+    api.patch_namespaced_custom_object(GROUP, VERSION, "models", PLURAL, "embedding",
+                                       {"metadata": {"annotations": {"team.example.com/owner": "ml"}}})
+    deploy_version(archive, "2.0", 0.9, scaling=Scaling(2, 6, 8))
+    revisions = cluster.revisions[("models", "embedding")]
+    assert [r["template"][2].get(target) for r in revisions][-1] == "8"
+    predictor = cluster.isvc("models", "embedding")["spec"]["predictor"]
+    assert (predictor["minReplicas"], predictor["maxReplicas"]) == (2, 6)
+    cluster.fail_revisions = "crash"
+    with pytest.raises(KServeError, match=r"spec put back on pvc://models/embedding/2\.0$"):
+        deploy_version(archive, "3.0", 0.9, scaling=Scaling(1, 4, 4))
+    notes = cluster.isvc("models", "embedding")["metadata"]["annotations"]
+    assert notes[target] == "8" and notes["team.example.com/owner"] == "ml"
+    predictor = cluster.isvc("models", "embedding")["spec"]["predictor"]
+    assert (predictor["minReplicas"], predictor["maxReplicas"]) == (2, 6)
+
+
 def test_a_service_written_with_other_probe_handlers_is_patched_to_one_handler_each(cluster, archive, pvc):
     """An InferenceService is updated by JSON merge patch, which merges objects key by key: a grpc-v2 service an
     older release wrote (tcpSocket readiness) must lose that handler when the new readiness is httpGet, or KServe's
@@ -257,3 +307,45 @@ def test_standin_generation_resource_version_and_patch_types(cluster):
     assert strategic.value.status == 415
     ignored = api.patch_namespaced_custom_object(*where, "embedding", {"status": {"url": "http://forged"}})
     assert ignored["status"].get("url") != "http://forged"
+
+
+# ---------------------------------------------------------------- one deploy at a time
+
+
+def lock_of(cluster) -> dict | None:
+    data = cluster.objects[("configmaps", "models", "embedding-deployed-model")]["data"]
+    return json.loads(data[LOCK_KEY]) if LOCK_KEY in data else None
+
+
+def test_a_deploy_is_refused_while_another_holds_the_lock_and_takes_over_a_lapsed_one(cluster, archive, pvc):
+    """Two runs deploying one service at once would leave the record naming one and the pods serving the other:
+    the second is refused before it publishes anything; a lock whose holder died lapses."""
+    deploy_version(archive, "1.0", 0.9)
+    assert lock_of(cluster) is None  # released
+    data = cluster.objects[("configmaps", "models", "embedding-deployed-model")]["data"]
+    data[LOCK_KEY] = json.dumps({"holder": "pipeline run run-7", "since": time.time(), "until": time.time() + 60})
+    with pytest.raises(KServeError, match=r"^pipeline run run-7 is deploying InferenceService models/embedding since "
+                                          r".* lapses \d+ s from now at the latest\)$"):
+        deploy_version(archive, "2.0", 0.95)
+    assert not (pvc / "embedding" / "2.0").exists()
+    assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/1.0"
+    data[LOCK_KEY] = json.dumps({"holder": "pipeline run run-7", "since": time.time() - 99, "until": time.time() - 1})
+    deploy_version(archive, "2.0", 0.95, lock_holder="pipeline run run-8")
+    assert lock_of(cluster) is None and record(cluster)["current"] == entry("2.0", 0.95)
+
+
+def test_the_lock_is_held_during_the_rollout_and_released_when_it_fails(cluster, archive, pvc):
+    deploy_version(archive, "1.0", 0.9)
+    seen = []
+    original = cluster._reconcile
+
+    def watch() -> None:
+        seen.append(lock_of(cluster))
+        original()
+
+    cluster._reconcile = watch
+    cluster.fail_revisions = "crash"
+    with pytest.raises(KServeError, match="spec put back"):
+        deploy_version(archive, "2.0", 0.95, lock_holder="pipeline run run-9")
+    assert any(lock and lock["holder"] == "pipeline run run-9" for lock in seen)
+    assert lock_of(cluster) is None

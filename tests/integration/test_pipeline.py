@@ -2,9 +2,10 @@
 the quality gate, the CLI, and the KServe deploy target (storage layout, manifest, runtime config)."""
 
 import copy
+import inspect
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from serving.server import Instance, free_ports, private_instance, start, stop
+from serving.server import Instance, LocalServerError, free_ports, private_instance, start, stop
 from support.idx_fixtures import make_idx_dir
 
 from pipeline import params as P
@@ -257,6 +258,31 @@ def test_local_deploy_replaces_the_running_server(local_run, tmp_path):
     assert ANSWER_KEYS <= set(answer)
 
 
+@pytest.mark.serving
+def test_local_deploy_switches_runtime_and_back(local_run, tmp_path):
+    """serving_runtime=python replaces the workdir's TorchServe with the python runtime on the same ports and key
+    file, answering the same; torchserve then takes them back."""
+    from pipeline.local_serving import serve_archive
+    from serving.server import recorded_here
+    from client import EmbeddingClient
+
+    run, instance, _ = local_run
+    store = run.outputs["archive"]["mar"].path
+    with EmbeddingClient(instance.endpoints.inference, token=instance.keys()["inference"]) as client:
+        want = client.predict(_sample_png(tmp_path))
+    try:
+        served = serve_archive(store, "embedding", instance.workdir, instance.config, runtime="python")
+        assert served.pid() is None and recorded_here(served).runtime == "python"
+        with EmbeddingClient(served.endpoints.inference, token=served.keys()["inference"]) as client:
+            got = client.predict(_sample_png(tmp_path))
+        assert got == want
+    finally:
+        back = serve_archive(store, "embedding", instance.workdir, instance.config)
+    assert back.pid() is not None and recorded_here(back).runtime == "torchserve"
+    with pytest.raises(LocalServerError, match="not one of torchserve, python"):
+        serve_archive(store, "embedding", instance.workdir, instance.config, runtime="java")
+
+
 def test_cli_run_local_gate_skips_deploy(tmp_path):
     make_idx_dir(tmp_path / "idx", n_train=300, n_test=100)
     instance = private_instance(tmp_path / "serve")
@@ -458,8 +484,20 @@ def test_kserve_component_dry_run_with_kfp_local(mar, tmp_path):
     assert manifest["metadata"]["namespace"] == "serving"
     assert _files(tmp_path / "store") == ["2.0/config/config.properties", "2.0/model-store/embedding.mar"]
     # What is deployed is recorded only once a revision serves (never by a dry run), and never as annotations,
-    # which KServe would copy into a new revision.
-    assert "annotations" not in manifest["metadata"]
+    # which KServe would copy into a new revision: the only annotations are the autoscaling target's, at the
+    # pipeline's defaults, which the component's own defaults repeat (kfp runs its source without this module).
+    from pipeline.kserve_deploy.rollout import OWNED_ANNOTATIONS
+    from pipeline.params import DEFAULTS
+
+    assert set(manifest["metadata"]["annotations"]) == set(OWNED_ANNOTATIONS)
+    assert manifest["metadata"]["annotations"]["autoscaling.knative.dev/target"] == str(DEFAULTS["kserve_scale_target"])
+    assert (predictor["minReplicas"], predictor["maxReplicas"]) == (DEFAULTS["kserve_min_replicas"],
+                                                                    DEFAULTS["kserve_max_replicas"])
+    defaults = {name: p.default for name, p in inspect.signature(deploy_kserve.python_func).parameters.items()}
+    assert (defaults["serving_runtime"], defaults["min_replicas"], defaults["max_replicas"], defaults["scale_target"],
+            defaults["watch_timeout_s"]) == (DEFAULTS["serving_runtime"], DEFAULTS["kserve_min_replicas"],
+                                             DEFAULTS["kserve_max_replicas"], DEFAULTS["kserve_scale_target"],
+                                             DEFAULTS["kserve_watch_timeout"])
     assert manifest["metadata"]["labels"]["app.kubernetes.io/version"] == "2.0"
 
 

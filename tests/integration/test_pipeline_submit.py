@@ -4,6 +4,7 @@ backend version the package needs, and the serving runtime manifest."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -485,6 +486,30 @@ def test_the_predictor_pull_secret_is_a_checked_run_parameter():
         P.validate({"kserve_image_pull_secret": "Reg_Cred"})
 
 
+@pytest.mark.parametrize("values, message", [
+    ({"kserve_min_replicas": 3, "kserve_max_replicas": 2}, "0 <= min (3) <= max (2)"),
+    ({"kserve_min_replicas": -1}, "0 <= min (-1)"),
+    ({"kserve_min_replicas": 0, "kserve_max_replicas": 0}, "max >= 1"),
+    ({"kserve_scale_target": 0}, "at least 1 request in flight per pod, not 0"),
+    ({"kserve_watch_timeout": 0.0}, "kserve_watch_timeout=0.0: must be > 0"),
+])
+def test_scaling_params_are_checked_before_the_run(values, message):
+    with pytest.raises(P.ParamError, match=re.escape(message)):
+        P.validate(values)
+
+
+def test_scaling_params_reach_the_inference_service():
+    """Replicas in the spec (both modes); the target as the Knative annotations KServe copies to the revision."""
+    from pipeline.kserve_deploy import Scaling, inference_service
+
+    values = P.validate({"kserve_min_replicas": 0, "kserve_max_replicas": 6, "kserve_scale_target": 8})
+    scaling = Scaling(values["kserve_min_replicas"], values["kserve_max_replicas"], values["kserve_scale_target"])
+    manifest = inference_service("embedding", "models", "s3://b/e/1.0", "v1", "embedding", "1.0", scaling=scaling)
+    assert (manifest["spec"]["predictor"]["minReplicas"], manifest["spec"]["predictor"]["maxReplicas"]) == (0, 6)
+    assert manifest["metadata"]["annotations"] == {"autoscaling.knative.dev/metric": "concurrency",
+                                                   "autoscaling.knative.dev/target": "8"}
+
+
 # ---------------------------------------------------------------- the serving runtime manifest
 
 
@@ -503,6 +528,26 @@ def test_runtime_writes_the_manifest_with_the_pinned_image(cli_main, tmp_path):
     source = yaml.safe_load(RUNTIME_MANIFEST.read_text())
     source["spec"]["containers"][0]["image"] = pinned
     assert written == source  # only the image changed
+
+
+def test_runtime_python_writes_the_jre_free_runtime_and_each_may_replace_the_other(cli_main, tmp_path):
+    """--runtime python writes deploy/kserve/servingruntime-python.yaml with the image: the ClusterServingRuntime
+    the pipeline names for serving_runtime=python; a file either runtime wrote may be written again."""
+    from pipeline.kserve_deploy import cluster_runtime
+    from serving.runtimes import SERVING_RUNTIMES
+
+    out = tmp_path / "runtime.yaml"
+    pinned = f"registry.example.com/ml/mnist-embedding-serving-python:1.2.3@{DIGEST}"
+    assert cli_main("runtime", "--image", f"registry.example.com/serving@{DIGEST}", "--out", str(out))[0] == 0
+    code, _, line = cli_main("runtime", "--runtime", "python", "--image", pinned, "--out", str(out))
+    assert code == 0, line
+    written = yaml.safe_load(out.read_text())
+    source = yaml.safe_load(SERVING_RUNTIMES["python"].manifest.read_text())
+    source["spec"]["containers"][0]["image"] = pinned
+    assert written == source and written["metadata"]["name"] == cluster_runtime("python")
+    (container,) = written["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "serving.python_runtime"]
+    assert out.read_text().startswith("# servingruntime-python.yaml with the serving image pinned by digest")
 
 
 def test_runtime_writes_to_standard_output(cli_main):

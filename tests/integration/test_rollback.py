@@ -5,11 +5,14 @@ leave the service as it was."""
 from __future__ import annotations
 
 import argparse
+import json
+import time
 
 import pytest
 from support.rollout import archive, cluster, deploy_version, entry, pvc, record  # noqa: F401 (fixtures)
 
 from pipeline import rollback
+from pipeline.kserve_deploy import LOCK_KEY, REVISION_KEY
 from pipeline.gate import decide
 
 
@@ -38,7 +41,7 @@ def test_rollback_restores_the_storage_uri_and_the_record_entry(two_versions, ca
     rc, out, err = run(["--to", "1.0"], capsys)
     assert (rc, err) == (0, [])
     assert out == ["rolled InferenceService models/embedding back from version 2.0 to 1.0 "
-                   "(pvc://models/embedding/1.0): revision embedding-predictor-00003 serves"]
+                   "(pvc://models/embedding/1.0; its whole predictor): revision embedding-predictor-00003 serves"]
     assert storage_uri(cluster) == "pvc://models/embedding/1.0"
     assert cluster.served_storage_uri("models", "embedding") == "pvc://models/embedding/1.0"
     assert cluster.isvc("models", "embedding")["metadata"]["labels"]["app.kubernetes.io/version"] == "1.0"
@@ -135,3 +138,42 @@ def test_timeouts_must_be_positive(flag, value, capsys):
     assert exit_.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "is not a positive number of seconds" in line
+
+
+def test_rollback_restores_the_whole_predictor_the_record_kept(cluster, archive, pvc, capsys):
+    """2.0 moved to another runtime, protocol, replicas and scale target; rolling back to 1.0 puts all of it back,
+    as 1.0's deploy wrote it, not only the storageUri."""
+    from pipeline.kserve_deploy import Scaling, cluster_runtime
+
+    deploy_version(archive, "1.0", 0.90)
+    deploy_version(archive, "2.0", 0.80, protocol="grpc-v2", runtime=cluster_runtime("python"),
+                   scaling=Scaling(2, 6, 8))
+    rc, out, err = run(["--to", "1.0"], capsys)
+    assert (rc, err) == (0, []) and "; its whole predictor)" in out[0]
+    recorded = json.loads(entry("1.0", 0.90)[REVISION_KEY])
+    served = cluster.isvc("models", "embedding")
+    assert served["spec"]["predictor"] == recorded["predictor"]
+    assert served["spec"]["predictor"]["model"]["runtime"] == cluster_runtime("torchserve")
+    assert {k: served["metadata"]["annotations"][k] for k in recorded["annotations"]} == recorded["annotations"]
+    assert record(cluster)["current"] == entry("1.0", 0.90) and cluster.refused == []
+
+
+def test_an_entry_recorded_before_predictors_were_restores_the_storage(two_versions, capsys):
+    cluster = two_versions
+    data = cluster.objects[("configmaps", "models", "embedding-deployed-model")]["data"]
+    data["history"] = json.dumps([{k: v for k, v in e.items() if k != REVISION_KEY}
+                                  for e in json.loads(data["history"])])
+    rc, out, err = run(["--to", "1.0"], capsys)
+    assert (rc, err) == (0, []) and "; its storage only (recorded before predictors were))" in out[0]
+    assert storage_uri(cluster) == "pvc://models/embedding/1.0"
+
+
+def test_a_rollback_is_refused_while_a_deploy_holds_the_lock(two_versions, capsys):
+    cluster = two_versions
+    data = cluster.objects[("configmaps", "models", "embedding-deployed-model")]["data"]
+    data[LOCK_KEY] = json.dumps({"holder": "pipeline run run-7", "since": time.time(), "until": time.time() + 60})
+    rc, out, err = run(["--to", "1.0"], capsys)
+    assert (rc, out, len(err)) == (1, [], 1)
+    assert err[0].startswith("rollback: error: pipeline run run-7 is deploying InferenceService models/embedding "
+                             "since "), err
+    assert storage_uri(cluster) == "pvc://models/embedding/2.0"

@@ -92,3 +92,22 @@ def test_a_failed_task_ends_with_its_cause_on_the_last_line(tmp_path):
     assert "Traceback" in proc.stdout  # the task's own output is still there, above
     assert "faiss" not in proc.stdout + proc.stderr
     assert "have no effect in the current local runner" not in proc.stderr
+
+
+def test_the_python_runtime_needs_no_java_nor_the_management_port(serve, monkeypatch):
+    """serving_runtime=python serves without Java and without TorchServe's management API: neither a missing
+    java nor a taken management port stops it, while TorchServe's check names it as the way out."""
+    from pipeline import params as P
+    from pipeline import preflight
+    from serving.server import Instance
+
+    workdir, config = serve
+    monkeypatch.setattr(preflight.shutil, "which", lambda name: None)
+    port = Instance(workdir, config).endpoints.ports()["management"]
+    common = {"deploy_target": "local", "serve_workdir": str(workdir), "serve_config": str(config)}
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        preflight.check_run(P.validate({**common, "serving_runtime": "python"}))
+        with pytest.raises(preflight.PreflightError, match="java not found.*--serving-runtime python"):
+            preflight.check_run(P.validate(common))

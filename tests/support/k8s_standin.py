@@ -54,6 +54,7 @@ from support.kserve_compose import KNATIVE, RAW, ComposeError, compose, pod_erro
 
 from pipeline.releases import RAW_MODE_NAMES
 from settings import REPO
+from serving.runtimes import SERVING_RUNTIMES
 
 ISVC = ("serving.kserve.io", "inferenceservices")
 PATH = re.compile(r"^/(?:apis/(?P<group>[^/]+)/(?P<version>[^/]+)|api/(?P<core>v1))/namespaces/(?P<namespace>[^/]+)/"
@@ -67,7 +68,6 @@ NOT_PROPAGATED = ("autoscaling.knative.dev/min-scale", "autoscaling.knative.dev/
 VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 MERGE_PATCH, JSON_PATCH = "application/merge-patch+json", "application/json-patch+json"
 ROLE_FILE = REPO / "deploy" / "kubeflow" / "rbac.yaml"
-RUNTIME_FILE = REPO / "deploy" / "kserve" / "servingruntime.yaml"
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -139,15 +139,18 @@ class KubernetesStandin:
                "status": {"phase": "Bound", "accessModes": list(access_modes)} if bound else {"phase": "Pending"}}
         self.objects[("persistentvolumeclaims", namespace, name)] = pvc
 
-    def fail_next(self, method: str, resource: str, code: int = 500, times: int = 1) -> None:
-        self._faults.append({"method": method, "resource": resource, "code": code, "times": times, "kind": "fail"})
+    def fail_next(self, method: str, resource: str, code: int = 500, times: int = 1, after: int = 0) -> None:
+        """The next `times` matching requests, once `after` more have passed, answer `code`."""
+        self._faults.append({"method": method, "resource": resource, "code": code, "times": times, "kind": "fail",
+                             "after": after})
 
     def lose_answer_next(self, method: str, resource: str, code: int = 504) -> None:
         """The next matching write is applied, but its answer is lost: the client sees `code` (a gateway timeout)."""
         self._faults.append({"method": method, "resource": resource, "code": code, "times": 1, "kind": "lose"})
 
-    def interfere_next(self, method: str, resource: str, times: int = 1) -> None:
-        self._faults.append({"method": method, "resource": resource, "times": times, "kind": "interfere"})
+    def interfere_next(self, method: str, resource: str, times: int = 1, after: int = 0) -> None:
+        self._faults.append({"method": method, "resource": resource, "times": times, "kind": "interfere",
+                             "after": after})
 
     def isvc(self, namespace: str, name: str) -> dict:
         with self._lock:
@@ -162,12 +165,14 @@ class KubernetesStandin:
         return [obj.get("spec"), meta.get("labels") or {}, notes]
 
     def _refusal(self, obj: dict) -> str:
-        """Why KServe could not make this spec's predictor pod from the shipped runtime; "" when it can, or when the
-        spec names another runtime (which this stand-in does not hold)."""
-        (runtime,) = [d for d in yaml.safe_load_all(RUNTIME_FILE.read_text()) if d]
+        """Why KServe could not make this spec's predictor pod from the shipped runtime it names (either of
+        serving.runtimes.SERVING_RUNTIMES); "" when it can, or when the spec names another runtime (which this
+        stand-in does not hold)."""
         model = ((obj.get("spec") or {}).get("predictor") or {}).get("model") or {}
-        if model.get("runtime") != runtime["metadata"]["name"]:
+        shipped = [rt.manifest for rt in SERVING_RUNTIMES.values() if rt.cluster_runtime == model.get("runtime")]
+        if not shipped:
             return ""
+        (runtime,) = [d for d in yaml.safe_load_all(shipped[0].read_text()) if d]
         try:
             container = compose(runtime, obj)
         except ComposeError as exc:
@@ -277,6 +282,9 @@ class KubernetesStandin:
     def _fault(self, method: str, resource: str) -> dict | None:
         for fault in self._faults:
             if fault["method"] == method and fault["resource"] == resource:
+                if fault.get("after", 0) > 0:
+                    fault["after"] -= 1
+                    return None
                 fault["times"] -= 1
                 if fault["times"] <= 0:
                     self._faults.remove(fault)

@@ -60,6 +60,11 @@ def record(cluster: KubernetesStandin) -> dict:
     return {key: json.loads(value) for key, value in data.items()}
 
 
-def entry(version: str, accuracy: float) -> dict:
+def entry(version: str, accuracy: float, **options) -> dict:
+    """The record's entry for a deploy_version(archive, version, accuracy, **options) that served: the gate's fields,
+    the storageUri and the InferenceService's predictor as that deploy writes it."""
+    uri = f"pvc://models/embedding/{version}"
+    manifest = kserve_deploy.target_manifest(target(version, accuracy, **options), "embedding", version, uri, "models")
     return {**annotations_for(accuracy, 0.9, version, "ab" * 32, f"run-{version}"),
-            kserve_deploy.STORAGE_URI_KEY: f"pvc://models/embedding/{version}"}
+            kserve_deploy.STORAGE_URI_KEY: uri,
+            kserve_deploy.REVISION_KEY: kserve_deploy.revision_entry(manifest, kserve_deploy.OWNED_ANNOTATIONS)}

@@ -102,12 +102,15 @@ def test_compile_replaces_the_package_it_wrote(run, tmp_path):
     assert "# edited" not in out.read_text()
 
 
-def test_runtime_never_writes_over_the_template_it_reads(run):
-    from pipeline.cli import RUNTIME_MANIFEST
+@pytest.mark.parametrize("runtime", ["torchserve", "python"])
+def test_runtime_never_writes_over_the_templates_it_reads(run, runtime):
+    from serving.runtimes import SERVING_RUNTIMES
 
-    before = RUNTIME_MANIFEST.read_bytes()
-    _refused(run("runtime", "--allow-tag", "--image", IMAGE, "--out", str(RUNTIME_MANIFEST)), "reads from")
-    assert RUNTIME_MANIFEST.read_bytes() == before
+    for template in (rt.manifest for rt in SERVING_RUNTIMES.values()):
+        before = template.read_bytes()
+        _refused(run("runtime", "--runtime", runtime, "--allow-tag", "--image", IMAGE, "--out", str(template)),
+                 "reads from")
+        assert template.read_bytes() == before
 
 
 def test_run_local_marks_its_workdir_and_writes_there_again(run, tmp_path):
