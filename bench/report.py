@@ -17,6 +17,9 @@ TARGET_START_S = 6.0
 TARGET_ARCHIVE_S = 10.0
 #: Bulk work (python -m client predict DIR): batched requests at least this share of the in-process ceiling.
 TARGET_BULK_RATIO = 0.8
+#: The python runtime's targets (#39): requests against TorchServe's shipped configuration at c=16 and 64, the
+#: share of the in-process ceiling there, and at least the FastAPI peer at every concurrency with p99 no worse.
+TARGET_PY_VS_TS, TARGET_PY_CEILING, TARGET_PY_CS = 1.3, 0.70, (16, 64)
 SPLIT_ORDER = ("frontend", "queue", "worker_other", "preprocess", "embed", "search")
 SPLIT_COLUMNS = (*SPLIT_ORDER, "outside_handler", "mean_batch")
 CEILING_NOTE = ("`EmbeddingService.answer` on the same PNG bytes, same model, index and preprocessing, no server. "
@@ -129,6 +132,7 @@ def targets(results: dict) -> list[dict[str, Any]]:
                            None, "", "needs the rest section at c=16"))
     out.append(_bulk_target(results, shipped, best_ceiling))
     out.append(_peer_target(results, shipped))
+    out.extend(python_runtime_targets(results, shipped, best_ceiling))
     out.append(_best_config_target(results))
     out.append(_gallery_target(results))
     cold = results.get("cold_start") or {}
@@ -196,6 +200,58 @@ def _peer_target(results: dict, shipped: dict | None) -> dict[str, Any]:
     ts_text = "; ".join(f"{k} {mid(r['throughput']):.0f} req/s p99 {mid(r['p99_ms']):.1f} ms" for (k, _), r in ts_runs)
     return _target(name, goal, ts_text, all(wins), f"best TorchServe / best peer = {best_ts / best_peer:.2f}x",
                    "; ".join(lines))
+
+
+def _peer_runs(results: dict, name: str) -> list[dict] | None:
+    return next((p.get("runs") for p in results.get("peers", []) if p["name"] == name), None)
+
+
+def python_runtime_targets(results: dict, shipped: dict | None, best_ceiling: dict | None) -> list[dict[str, Any]]:
+    """#39's targets for the python runtime, measured beside TorchServe and the peers in the same run."""
+    py = _peer_runs(results, PYTHON_RUNTIME)
+    if py is None:
+        return [_target("python runtime", "its #39 targets", "not measured", None, "", "needs --peers python")]
+    out = []
+    ceil = mid(best_ceiling["images_per_s"]) if best_ceiling else 0.0
+    for c in TARGET_PY_CS:
+        run, ts = _run_at(py, c), _run_at((shipped or {}).get("runs"), c)
+        if run is None or ts is None:
+            out.append(_target(f"python runtime vs TorchServe, c={c}", f">= {TARGET_PY_VS_TS}x", "not measured",
+                               None, "", ""))
+            continue
+        ratio = mid(run["throughput"]) / mid(ts["throughput"])
+        out.append(_target(f"python runtime vs TorchServe shipped, c={c}", f">= {TARGET_PY_VS_TS}x req/s",
+                           f"{mid(run['throughput']):.0f} vs {mid(ts['throughput']):.0f} req/s = {ratio:.2f}x",
+                           ratio >= TARGET_PY_VS_TS, f"{ratio - TARGET_PY_VS_TS:+.2f}x",
+                           f"p99 {mid(run['p99_ms']):.1f} vs {mid(ts['p99_ms']):.1f} ms; " + _cpu_text(run)))
+        if ceil:
+            share = mid(run["throughput"]) / ceil
+            out.append(_target(f"python runtime share of the ceiling, c={c}", f">= {TARGET_PY_CEILING:.0%}",
+                               f"{share:.0%} of {ceil:.0f} images/s", share >= TARGET_PY_CEILING,
+                               f"{100 * (share - TARGET_PY_CEILING):+.0f} points", _cpu_text(run)))
+    fastapi = _peer_runs(results, "fastapi")
+    if fastapi:
+        rows, ok = [], True
+        for run in sorted(py, key=lambda r: r["concurrency"]):
+            other = _run_at(fastapi, run["concurrency"])
+            if other is None:
+                continue
+            better = (mid(run["throughput"]) >= mid(other["throughput"])
+                      and mid(run["p99_ms"]) <= mid(other["p99_ms"]))
+            ok &= better
+            rows.append(f"c={run['concurrency']}: {mid(run['throughput']):.0f} vs {mid(other['throughput']):.0f} "
+                        f"req/s, p99 {mid(run['p99_ms']):.1f} vs {mid(other['p99_ms']):.1f} ms"
+                        + ("" if better else " (not)"))
+        out.append(_target("python runtime vs the FastAPI peer", "more req/s, p99 no worse, at every c",
+                           f"{sum(not r.endswith('(not)') for r in rows)} of {len(rows)} concurrencies", ok, "",
+                           "; ".join(rows)))
+    no_batching = next((c for c in results.get("torchserve", []) if c["name"] == "no-batching"), None)
+    one, ts_one = _run_at(py, 1), _run_at((no_batching or {}).get("runs"), 1)
+    if one and ts_one:
+        p50, ts_p50 = mid(one["p50_ms"]), mid(ts_one["p50_ms"])
+        out.append(_target("python runtime p50 at c=1", "<= TorchServe without batching", f"{p50:.2f} vs "
+                           f"{ts_p50:.2f} ms", p50 <= ts_p50, f"{ts_p50 - p50:+.2f} ms", ""))
+    return out
 
 
 def _best_config_target(results: dict) -> dict[str, Any]:

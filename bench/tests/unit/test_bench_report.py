@@ -52,3 +52,29 @@ def test_the_warm_up_is_shown_with_each_window_and_whether_it_settled():
         "9 (1041, 1886, 1920)")
     assert _warmup({"warmup": {"rates": [900.0, 1500.0], "seconds": 40.2, "steady": False}}).endswith(
         ", not settled")
+
+
+def test_python_runtime_targets_compare_with_torchserve_the_ceiling_and_fastapi_in_the_same_run():
+    """#39: >= 1.3x TorchServe shipped and >= 70% of the ceiling at c=16 and 64, at least FastAPI (with p99 no
+    worse) at every c, and a c=1 p50 no worse than TorchServe without batching."""
+    from bench.report import python_runtime_targets
+
+    s = lambda v: {"median": v, "min": v, "max": v, "n": 1, "missing": 0, "values": [v]}
+    ceiling = {"images_per_s": s(1000.0), "layout": "2x1", "batch": 32}
+    shipped = {"runs": [run(16, 185.0, rps=500.0), run(64, 185.0, rps=600.0)]}
+    no_batching = {"name": "no-batching", "runs": [run(1, 90.0, rps=300.0)]}
+    python = {"name": "python", "runs": [run(1, 90.0, rps=400.0), run(16, 190.0, rps=700.0, p99=9.0),
+                                         run(64, 190.0, rps=760.0, p99=30.0)]}
+    fastapi = {"name": "fastapi", "runs": [run(1, 90.0, rps=350.0), run(16, 190.0, rps=650.0, p99=10.0),
+                                           run(64, 190.0, rps=700.0, p99=25.0)]}
+    results = {"torchserve": [no_batching], "peers": [python, fastapi]}
+    rows = {t["target"]: t for t in python_runtime_targets(results, shipped, ceiling)}
+    assert rows["python runtime vs TorchServe shipped, c=16"]["met"] is True  # 700 / 500 = 1.40x
+    assert rows["python runtime vs TorchServe shipped, c=64"]["met"] is False  # 760 / 600 = 1.27x
+    assert rows["python runtime share of the ceiling, c=16"]["met"] is True  # 70%
+    assert rows["python runtime share of the ceiling, c=64"]["met"] is True
+    fast = rows["python runtime vs the FastAPI peer"]
+    assert fast["met"] is False and fast["measured"] == "2 of 3 concurrencies"  # c=64: p99 30 > 25
+    assert "c=64: 760 vs 700 req/s, p99 30.0 vs 25.0 ms (not)" in fast["why"]
+    assert rows["python runtime p50 at c=1"]["met"] is True  # the same 5.0 ms
+    assert python_runtime_targets({"peers": [fastapi]}, shipped, ceiling)[0]["met"] is None
