@@ -32,12 +32,18 @@ def post(instance, body: bytes) -> int:
         return exc.code
 
 
-def console(instance, needle: str, timeout: float = 20.0) -> list[str]:
-    """The lines of logs/torchserve.out once one holds `needle` (the frontend writes worker output asynchronously)."""
+#: What each worker writes once it has loaded the model.
+WORKER_LOADED = "MODEL_LOG - loaded embedding on cpu (torchscript): gallery "
+
+
+def console(instance, needles: dict[str, int], timeout: float = 20.0) -> list[str]:
+    """The lines of logs/torchserve.out once each of `needles` is in as many lines as asked (the frontend relays each
+    worker's output asynchronously, in no fixed order)."""
     deadline = time.monotonic() + timeout
     while True:
         lines = instance.log_file.read_text(errors="replace").splitlines()
-        if any(needle in line for line in lines) or time.monotonic() > deadline:
+        if all(sum(needle in line for line in lines) >= n for needle, n in needles.items()) \
+                or time.monotonic() > deadline:
             return lines
         time.sleep(0.2)
 
@@ -53,13 +59,13 @@ def test_refusals_reach_standard_output_and_batches_do_not(model_store, tmp_path
     with running_instance(tmp_path / "ts", model_store) as instance:
         assert post(instance, SECRET) == 400
         assert post(instance, digit) == post(instance, digit) == 200
-        lines = console(instance, "refused request ")
+        lines = console(instance, {"refused request ": 1, WORKER_LOADED: 2})
     refused = [line for line in lines if "refused request " in line]
     assert len(refused) == 1, lines[-20:]
     assert refused[0].rstrip().endswith(": 400 not an image Pillow can read (PNG, JPEG, BMP, GIF, WebP, TIFF)")
     text = "\n".join(lines)
     assert "do-not-log-me" not in text and "batch=" not in text
-    workers = [line for line in lines if "MODEL_LOG - loaded embedding on cpu (torchscript): gallery " in line]
+    workers = [line for line in lines if WORKER_LOADED in line]
     assert len(workers) == 2, lines[-20:]  # one per worker, whatever the level
     loaded = [line for line in lines if "Model embedding loaded" in line]
     assert bool(loaded) == (frontend_level == "info"), lines[-20:]

@@ -371,7 +371,7 @@ def _files(root: Path) -> list[str]:
 
 
 def test_kserve_dry_run_layout_and_manifest(mar, tmp_path):
-    from pipeline.kserve_deploy import API_KEY_ENV, DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME
+    from pipeline.kserve_deploy import API_KEY_ENV, DEFAULT_API_KEY_SECRET, DEFAULT_RUNTIME, OWNED_ANNOTATIONS
     from pipeline.manifests import validate
 
     store = tmp_path / "store"
@@ -382,7 +382,9 @@ def test_kserve_dry_run_layout_and_manifest(mar, tmp_path):
     manifest = result.manifest
     validate(manifest)
     assert (manifest["apiVersion"], manifest["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
-    assert manifest["metadata"] | {"labels": None} == {"name": "embedding", "namespace": "models", "labels": None}
+    assert manifest["metadata"] | {"labels": None, "annotations": None} == {
+        "name": "embedding", "namespace": "models", "labels": None, "annotations": None}
+    assert set(manifest["metadata"]["annotations"]) == set(OWNED_ANNOTATIONS)  # the autoscaling target only
     model = manifest["spec"]["predictor"]["model"]
     assert model["modelFormat"] == {"name": "pytorch"} and model["protocolVersion"] == "v2"
     assert model["storageUri"] == (store / "1.0").as_uri() and result.url == ""
@@ -501,6 +503,39 @@ def test_kserve_component_dry_run_with_kfp_local(mar, tmp_path):
     assert manifest["metadata"]["labels"]["app.kubernetes.io/version"] == "2.0"
 
 
+class FakeConfigMaps:
+    """CoreV1Api stand-in holding ConfigMaps (the deploy record and its lock), with resourceVersion checks."""
+
+    def __init__(self) -> None:
+        self.maps: dict[str, object] = {}
+        self.version = 0
+
+    def read_namespaced_config_map(self, name, namespace):
+        from kubernetes.client.exceptions import ApiException
+
+        if name not in self.maps:
+            raise ApiException(status=404, reason="Not Found")
+        return copy.deepcopy(self.maps[name])
+
+    def create_namespaced_config_map(self, namespace, body):
+        from kubernetes.client.exceptions import ApiException
+
+        if body.metadata.name in self.maps:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.version += 1
+        body.metadata.resource_version = str(self.version)
+        self.maps[body.metadata.name] = copy.deepcopy(body)
+
+    def replace_namespaced_config_map(self, name, namespace, body):
+        from kubernetes.client.exceptions import ApiException
+
+        if name not in self.maps or self.maps[name].metadata.resource_version != body.metadata.resource_version:
+            raise ApiException(status=409, reason="Conflict")
+        self.version += 1
+        body.metadata.resource_version = str(self.version)
+        self.maps[name] = copy.deepcopy(body)
+
+
 class FakeCluster:
     """CustomObjectsApi stand-in for the KServe controller: a spec change creates a revision that the
     next poll still sees starting and the one after sees serving (never, with `stuck` set)."""
@@ -557,9 +592,11 @@ def test_kserve_rolls_forward_by_patching_the_same_service(mar, tmp_path):
     cluster = FakeCluster()
     target = KServeTarget(namespace="models", storage_uri=str(tmp_path / "store"), model_uri="s3://models/embedding", poll_s=0.01,
                           timeout_s=5)
-    first = deploy(mar, "embedding", "1.0", target, api=cluster)
-    second = deploy(mar, "embedding", "2.0", target, api=cluster)
+    maps = FakeConfigMaps()
+    first = deploy(mar, "embedding", "1.0", target, api=cluster, core_api=maps)
+    second = deploy(mar, "embedding", "2.0", target, api=cluster, core_api=maps)
     assert cluster.calls == ["get", "create", "get", "get", "get", "patch", "get", "get"]
+    assert maps.maps["embedding-deployed-model"].data == {}  # the lock each took, given back
     served = cluster.objects["embedding"]
     assert served["spec"]["predictor"]["model"]["storageUri"] == "s3://models/embedding/2.0/"
     assert served["status"]["components"]["predictor"]["latestReadyRevision"] == "embedding-predictor-00002"
@@ -573,7 +610,7 @@ def test_kserve_times_out_with_the_ready_condition_message(mar, tmp_path):
     target = KServeTarget(namespace="models", storage_uri=str(tmp_path / "store"), model_uri="s3://models/embedding", poll_s=0.01,
                           timeout_s=0.05)
     with pytest.raises(KServeError, match="not Ready after 0s: Revision failed: ImagePullBackOff"):
-        deploy(mar, "embedding", "1.0", target, api=cluster)
+        deploy(mar, "embedding", "1.0", target, api=cluster, core_api=FakeConfigMaps())
 
 
 def test_kserve_raw_deployment_mode_needs_only_ready():
