@@ -28,7 +28,7 @@ from .kserve_deploy.api import core_v1_api, custom_objects_api, own_namespace, r
 from .kserve_deploy.errors import KServeError
 from .kserve_deploy.record import (LOCK_SLACK_S, REVISION_KEY, STORAGE_URI_KEY, deploy_lock, read_record, record_name,
                                    record_served)
-from .kserve_deploy.rollout import OWNED_ANNOTATIONS, merge_diff, roll_out, rollout_state, served_storage_uri
+from .kserve_deploy.rollout import merge_diff, owned_annotations_patch, roll_out, rollout_state, served_storage_uri
 
 VERSION_KEY = ANNOTATIONS["model_version"]
 
@@ -82,9 +82,7 @@ def rollback(version: str, namespace: str, service: str, timeout_s: float = 600.
         if recorded is None:
             return {"metadata": {"labels": labels}, "spec": {"predictor": {"model": {"storageUri": uri}}}}
         predictor = merge_diff((existing.get("spec") or {}).get("predictor") or {}, recorded["predictor"])
-        now = existing["metadata"].get("annotations") or {}
-        notes = {key: recorded["annotations"].get(key) for key in OWNED_ANNOTATIONS
-                 if now.get(key) != recorded["annotations"].get(key)}
+        notes = owned_annotations_patch(existing, recorded["annotations"])
         return {"metadata": {"labels": labels, **({"annotations": notes} if notes else {})},
                 "spec": {"predictor": predictor}}
 

@@ -115,11 +115,12 @@ def _write_data(core: Any, namespace: str, service: str, change: Any) -> None:
         meta = client.V1ObjectMeta(name=name, namespace=namespace,
                                    labels={"app.kubernetes.io/managed-by": "mnist-embedding-pipeline"},
                                    resource_version=obj.metadata.resource_version if obj is not None else None)
+        body = client.V1ConfigMap(metadata=meta, data=data)
         try:
             if obj is None:
-                call(core.create_namespaced_config_map, namespace, client.V1ConfigMap(metadata=meta, data=data))
+                call(core.create_namespaced_config_map, namespace, body)
             else:
-                call(core.replace_namespaced_config_map, name, namespace, client.V1ConfigMap(metadata=meta, data=data))
+                call(core.replace_namespaced_config_map, name, namespace, body)
             return
         except ApiException as exc:
             if exc.status != 409 or attempt == CONFLICT_ATTEMPTS:

@@ -83,13 +83,18 @@ def _deploy_patch(manifest: dict, existing: dict) -> dict:
             "spec": spec}
 
 
+def owned_annotations_patch(current: dict, wanted: dict[str, str]) -> dict[str, str | None]:
+    """The merge patch that gives the InferenceService `current` the OWNED_ANNOTATIONS values of `wanted` (null
+    removes one wanted lacks); {} when they already agree."""
+    now = current["metadata"].get("annotations") or {}
+    return {key: wanted.get(key) for key in OWNED_ANNOTATIONS if now.get(key) != wanted.get(key)}
+
+
 def _revert_patch(before: dict) -> Any:
     def make(current: dict) -> dict:
         patch = merge_diff({"labels": current["metadata"].get("labels") or {}, "spec": current.get("spec") or {}},
                             {"labels": before["metadata"].get("labels") or {}, "spec": before.get("spec") or {}})
-        was = before["metadata"].get("annotations") or {}
-        now = current["metadata"].get("annotations") or {}
-        notes = {key: was.get(key) for key in OWNED_ANNOTATIONS if now.get(key) != was.get(key)}
+        notes = owned_annotations_patch(current, before["metadata"].get("annotations") or {})
         return {"metadata": {"labels": patch.pop("labels", {}), **({"annotations": notes} if notes else {})}, **patch}
     return make
 
