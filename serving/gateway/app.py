@@ -30,6 +30,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from handler.log_lines import refusal_log_line
 from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_INPUTS, V2_OUTPUTS
+from serving.forms import FormError, checked, refusal
 from serving.gateway.backend import Backend, InferenceCall, Reply
 from serving.gateway.drain import Drain, FrontProcess
 from serving.gateway_metrics import GatewayMetrics
@@ -301,11 +302,14 @@ class Gateway:
         if content_type is not None:
             headers = {k: v for k, v in headers.items() if k.lower() not in BODY_HEADERS}
             headers["Content-Type"] = content_type
-        elif request.content_type == "application/x-www-form-urlencoded" and not body.isascii():
-            # `curl --data-binary @digit.png` labels image bytes as a form; a urlencoded form is ASCII, and
-            # TorchServe's form decoder answers 500 to anything else. Pass such a body on as what it is.
-            headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
-            headers["Content-Type"] = "application/octet-stream"
+        else:
+            try:  # image bytes sent as a form (curl --data-binary), or a form that does not decode: serving.forms
+                relabel = checked(request.headers.get("Content-Type", ""), body)
+            except FormError as exc:
+                return web.Response(status=400, body=refusal(exc), content_type="application/json")
+            if relabel is not None:
+                headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+                headers["Content-Type"] = relabel
         reply: Reply = await self.backend.send(InferenceCall(request.method, path, body, headers,
                                                              request.rel_url.query))
         response = web.Response(status=reply.status, body=reply.body, content_type=reply.content_type)

@@ -21,7 +21,8 @@ from serving.gateway.backend import InferenceCall, Reply
 from serving.python_runtime.batcher import Batcher, Job
 from serving.python_runtime.handler_core import HandlerCore
 from serving.python_runtime.metrics import RuntimeMetrics
-from serving.python_runtime.request_rows import FormError, request_row
+from serving.forms import FormError, refusal
+from serving.python_runtime.request_rows import request_row
 
 logger = logging.getLogger("python_runtime")
 
@@ -118,7 +119,7 @@ class InProcessBackend:
         try:
             row = request_row(call)
         except FormError as exc:
-            return Reply(400, json.dumps({"error": str(exc)}).encode())
+            return Reply(400, refusal(exc))
         assert self.batcher is not None
         job = Job(version or self.default_version, row)
         status, body = await self.batcher.submit(job)

@@ -8,8 +8,8 @@ the row must be TorchServe's. Measured against TorchServe 0.12 (tests/integratio
 - a ``multipart/form-data`` body with a boundary becomes one parameter per part: a part with a filename keeps its
   bytes and media type (``application/octet-stream`` when it names none), a text field becomes its UTF-8 text as
   bytes with the content type ``""``; a body without the boundary holds no part;
-- an ``application/x-www-form-urlencoded`` body becomes one ``""``-typed parameter per ``name=value`` (``+`` and
-  ``%XX`` decoded to bytes; a trailing field without ``=`` is dropped, one before it kept with an empty value);
+- an ``application/x-www-form-urlencoded`` body becomes one ``""``-typed parameter per ``name=value``
+  (:func:`serving.forms.urlencoded_params`);
 - the worker then parses an ``application/json`` parameter's UTF-8 text as JSON and decodes a ``text/*`` one to
   ``str``, keeping the bytes when that fails; a later parameter of the same name replaces an earlier one;
 - the handler reads a parameter's content type only when no request header has the parameter's name.
@@ -21,21 +21,14 @@ Where TorchServe's form decoder answers 500 (a %-escape that is none, an empty f
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Mapping
-from urllib.parse import unquote_to_bytes
 
+from serving.forms import FormError, Param, is_form, urlencoded_params
 from serving.gateway.backend import InferenceCall
 
 #: Header names TorchServe's worker sees beside the client's: what the gateway's HTTP client adds, and TorchServe's.
 ADDED_HEADERS = ("Host", "Accept", "Accept-Encoding", "User-Agent", "Content-Length", "explain", "url_path")
 DEFAULT_FILE_TYPE = "application/octet-stream"
-_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
-Param = tuple[str, bytes, str]
-
-
-class FormError(ValueError):
-    """A form body that cannot be decoded (answered 400 with this message)."""
 
 
 def header(headers: Mapping[str, str], name: str) -> str:
@@ -96,27 +89,6 @@ def multipart_params(body: bytes, boundary: str) -> list[Param]:
     return params
 
 
-def _form_decode(text: bytes) -> bytes:
-    if _ESCAPE.search(text):
-        raise FormError("the URL-encoded body holds a % that is no %XX escape: send images as "
-                        "application/octet-stream (curl -T image.png) or as -F data=@image.png")
-    return unquote_to_bytes(text.replace(b"+", b" "))
-
-
-def urlencoded_params(body: bytes) -> list[Param]:
-    """The fields of an ``application/x-www-form-urlencoded`` body as TorchServe's frontend gives them."""
-    segments = body.split(b"&")
-    params: list[Param] = []
-    for position, segment in enumerate(segments):
-        name, equals, value = segment.partition(b"=")
-        if not equals and position == len(segments) - 1:
-            continue
-        if not name:
-            raise FormError("the URL-encoded body has a field without a name")
-        params.append((_form_decode(name).decode("latin-1"), _form_decode(value), ""))
-    return params
-
-
 def worker_value(value: bytes, content_type: str) -> Any:
     """What TorchServe's Python worker hands the handler for a parameter of this content type."""
     if content_type == "application/json":
@@ -140,7 +112,7 @@ def request_row(call: InferenceCall) -> tuple[dict[str, Any], dict[str, str]]:
     boundary = multipart_boundary(content_type)
     if boundary is not None:
         params = multipart_params(call.body, boundary)
-    elif media.lower() == "application/x-www-form-urlencoded":
+    elif is_form(media):
         params = urlencoded_params(call.body)
     else:
         params = [("body", call.body, media)]

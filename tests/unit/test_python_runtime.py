@@ -23,7 +23,8 @@ from serving.python_runtime.in_process import inference_target, torchserve_error
 from serving.python_runtime.batcher import Batcher, Job
 from serving.python_runtime.metrics import batch_values
 from serving.python_runtime.metrics_page import render
-from serving.python_runtime.request_rows import FormError, request_row
+from serving.forms import FormError
+from serving.python_runtime.request_rows import request_row
 from settings import REPO
 
 
