@@ -58,12 +58,19 @@ class RssSample:
 
 
 def frontend_pid(url: str) -> int:
-    """Pid of the process listening on the URL's port (the TorchServe frontend)."""
+    """Pid of the TorchServe frontend serving the URL: the process listening on its port, or, when that is the
+    front `serving start` puts before TorchServe, the TorchServe a project command recorded on that port."""
+    from torchserve_api import instances
+
     port = urlsplit(url).port
     for conn in psutil.net_connections(kind="tcp"):
         if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-            return conn.pid
-    raise SystemExit(f"soak: no process listens on port {port}; pass --pid")
+            if "serving.front" not in psutil.Process(conn.pid).cmdline():
+                return conn.pid
+            recorded = instances.on_ports({port})
+            if recorded:
+                return recorded[0].pid
+    raise SystemExit(f"soak: no TorchServe found on port {port}; pass --pid")
 
 
 def sample_rss(tree: ProcessTree, t: float) -> RssSample:
@@ -259,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             url = args.url
             token = from_key_file(args.key_file, "inference").value if args.key_file else None
-        pid = args.pid or frontend_pid(url)
+        pid = args.pid or (instance.pid() if instance is not None else None) or frontend_pid(url)
         client = EmbeddingClient(url, model=args.model_name, token=token, timeout=args.timeout_s, retries=0)
         images = [user_digit_png(canvas) for canvas in held_out_digits()]
         started = datetime.now(UTC).isoformat(timespec="seconds")

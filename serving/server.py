@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -31,8 +32,12 @@ from torchserve_api.management import ManagementClient
 from torchserve_api.tokens import from_key_file
 
 from .ports import port_taken
+from .ts_config import request_limits
 
 PID_FILE = ".model_server.pid"  # TorchServe's launcher writes it into $TMPDIR
+FRONT_PID_FILE = "front.pid"
+#: Seconds the front may take to listen once started.
+FRONT_START_S = 15.0
 #: The start of a log4j record in TorchServe's logs; other lines continue the record above (a stack trace).
 LOG_RECORD = re.compile(r"^\d{4}-\d{2}-\d{2}T")
 
@@ -64,6 +69,24 @@ class Instance:
     @property
     def log_file(self) -> Path:
         return self.workdir / "logs" / "torchserve.out"
+
+    @property
+    def front_log(self) -> Path:
+        return self.workdir / "logs" / "front.log"
+
+    @property
+    def torchserve_config(self) -> Path:
+        """What TorchServe reads when the front holds the inference port: the config, its inference API on a
+        private loopback port."""
+        return self.tmpdir / "torchserve.properties"
+
+    def front_pid(self) -> int | None:
+        """The running front (serving.front) of this instance, if any."""
+        try:
+            pid = int((self.tmpdir / FRONT_PID_FILE).read_text().strip())
+            return pid if "serving.front" in psutil.Process(pid).cmdline() else None
+        except (OSError, ValueError, psutil.Error):
+            return None
 
     @property
     def endpoints(self) -> Endpoints:
@@ -251,18 +274,61 @@ def held_interrupts() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _launch(instance: Instance, model_store: Path, models: str | None, threads: int) -> None:
-    """Run TorchServe's launcher (it returns once Java runs) and record the instance."""
+def _prepare_dirs(instance: Instance) -> None:
     instance.tmpdir.mkdir(parents=True, exist_ok=True)
     instance.log_file.parent.mkdir(parents=True, exist_ok=True)
     instance.tmpdir.chmod(0o700)
+
+
+def _start_front(instance: Instance) -> Path:
+    """Start serving.front on the config's inference address, in front of TorchServe's inference API on a private
+    loopback port; return the config TorchServe is to read."""
+    props = read_properties(instance.config)
+    private = f"http://127.0.0.1:{free_ports(1)[0]}"
+    max_size, timeout = request_limits(props)
+    write_properties({**props, "inference_address": private}, instance.torchserve_config)
+    cmd = [sys.executable, "-m", "serving.front", "--listen", urlsplit(instance.endpoints.inference).netloc,
+           "--upstream", private, "--max-request-size", str(max_size), "--response-timeout", str(timeout)]
+    if instance.token_auth:
+        cmd += ["--key-file", str(instance.key_file)]
+    env = dict(os.environ, TMPDIR=str(instance.tmpdir), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    with open(instance.front_log, "ab") as log:
+        front = subprocess.Popen(cmd, cwd=instance.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    (instance.tmpdir / FRONT_PID_FILE).write_text(f"{front.pid}\n")
+    return instance.torchserve_config
+
+
+def _wait_front(instance: Instance) -> None:
+    """Until the front listens; LocalServerError with its log's last line if it exits first."""
+    port = instance.endpoints.ports()["inference"]
+    deadline = time.monotonic() + FRONT_START_S
+    while time.monotonic() < deadline:
+        if instance.front_pid() is None:
+            break
+        if port_in_use(port):
+            return
+        time.sleep(0.05)
+    lines = instance.front_log.read_text(errors="replace").strip().splitlines() if instance.front_log.exists() else []
+    raise LocalServerError(f"the front on port {port} did not start: {lines[-1] if lines else 'no log'} "
+                           f"(see {instance.front_log})")
+
+
+def fronted(instance: Instance) -> bool:
+    """Whether a start puts serving.front before TorchServe: for a plain-HTTP inference address (with https,
+    TorchServe holds the port and terminates TLS itself)."""
+    return urlsplit(instance.endpoints.inference).scheme == "http"
+
+
+def _launch(instance: Instance, ts_config: Path, model_store: Path, models: str | None, threads: int) -> None:
+    """Run TorchServe's launcher (it returns once Java runs) with `ts_config` and record the instance."""
     # Java ignores TMPDIR: without java.io.tmpdir the worker sockets and the unpacked .mar would sit in
     # the shared /tmp, where instances collide and other local users could squat the paths.
     env = dict(os.environ, TMPDIR=str(instance.tmpdir), OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads), PYTHONPATH="",
                JAVA_TOOL_OPTIONS=f"-Djava.io.tmpdir={instance.tmpdir}")
     cmd = [str(Path(sys.executable).parent / "torchserve"), "--start", "--ncs",
-           "--ts-config", str(instance.config), "--log-config", str(LOG_CONFIG_FILE), "--model-store", str(model_store)]
+           "--ts-config", str(ts_config), "--log-config", str(LOG_CONFIG_FILE), "--model-store", str(model_store)]
     if models:
         cmd += ["--models", models]
     with open(instance.log_file, "ab") as log:
@@ -277,11 +343,12 @@ def _launch(instance: Instance, model_store: Path, models: str | None, threads: 
 
 
 def start(instance: Instance, model_store: Path, models: str | None = None, timeout: float = 120.0,
-          threads: int | None = None) -> float:
+          threads: int | None = None, front: bool = True) -> float:
     """Launch TorchServe, wait until READY, return seconds from launch to READY.
 
     `models`: TorchServe's --models (default: load_models of the config); `threads` is OMP_NUM_THREADS of the
-    workers (default settings.WORKER_THREADS). A failure or a Ctrl-C before READY leaves no server running."""
+    workers (default settings.WORKER_THREADS); `front`: serving.front holds a plain-HTTP inference port (the
+    benchmark measures TorchServe without it). A failure or a Ctrl-C before READY leaves no server running."""
     if shutil.which("java") is None:
         raise LocalServerError("java not found: TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)")
     if instance.pid() is not None:
@@ -290,6 +357,7 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
     if other is not None:
         raise LocalServerError(f"{other.describe()} is running; stop it first")
     (instance.tmpdir / PID_FILE).unlink(missing_ok=True)  # stale: the frontend died without cleaning up
+    _stop_front(instance, 5.0)  # the front of a TorchServe that died holds the inference port
     props = read_properties(instance.config)
     load = models or props.get("load_models", "")
     for name in filter(None, (m.split("=")[-1].strip() for m in load.split(","))):
@@ -301,7 +369,11 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
     started = time.monotonic()
     try:
         with held_interrupts():
-            _launch(instance, Path(model_store), models, WORKER_THREADS if threads is None else threads)
+            _prepare_dirs(instance)
+            ts_config = _start_front(instance) if front and fronted(instance) else instance.config
+            _launch(instance, ts_config, Path(model_store), models, WORKER_THREADS if threads is None else threads)
+        if ts_config != instance.config:
+            _wait_front(instance)
         wait_ready(instance, timeout, offsets)
     except BaseException:
         with held_interrupts():
@@ -313,10 +385,11 @@ def start(instance: Instance, model_store: Path, models: str | None = None, time
 def stop(instance: Instance, timeout: float = 20.0) -> bool:
     """Stop the frontend and every worker it started, as `torchserve --stop` would, and forget its record; True if
     something was running."""
+    front = _stop_front(instance, timeout)
     pid = instance.pid() or getattr(recorded_here(instance), "pid", None)
     if pid is None:
         (instance.tmpdir / PID_FILE).unlink(missing_ok=True)
-        return False
+        return front
     try:
         frontend = psutil.Process(pid)
         procs = [frontend, *frontend.children(recursive=True)]
@@ -331,6 +404,21 @@ def stop(instance: Instance, timeout: float = 20.0) -> bool:
     instance.key_file.unlink(missing_ok=True)
     (instance.tmpdir / PID_FILE).unlink(missing_ok=True)
     instances.forget(pid)
+    return True
+
+
+def _stop_front(instance: Instance, timeout: float) -> bool:
+    """Stop the instance's front, if it runs; True if it did."""
+    pid = instance.front_pid()
+    (instance.tmpdir / FRONT_PID_FILE).unlink(missing_ok=True)
+    instance.torchserve_config.unlink(missing_ok=True)
+    if pid is None:
+        return False
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        proc.terminate()
+        if psutil.wait_procs([proc], timeout=timeout)[1]:
+            proc.kill()
     return True
 
 

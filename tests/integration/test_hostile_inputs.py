@@ -100,11 +100,6 @@ def offline_answer(service: EmbeddingService, image: bytes) -> dict:
     return answers[0]
 
 
-def corpus_params() -> list:
-    """Every case id; a documented frontend 5xx is a strict xfail."""
-    return [pytest.param(case.id, id=case.id, marks=[pytest.mark.xfail(strict=True, reason=case.frontend_xfail)]
-                         if case.frontend_xfail else [])
-            for case in CASES]
 
 
 def test_corpus_is_large_and_classified():
@@ -114,7 +109,7 @@ def test_corpus_is_large_and_classified():
 
 
 @serving
-@pytest.mark.parametrize("item_id", corpus_params())
+@pytest.mark.parametrize("item_id", [case.id for case in CASES])
 def test_corpus_item_is_answered_as_classified(corpus_run, hostile_corpus, offline, item_id):
     item, outcome = hostile_corpus[item_id], corpus_run.outcomes[item_id]
     if item.expect == "accept":
@@ -124,7 +119,7 @@ def test_corpus_item_is_answered_as_classified(corpus_run, hostile_corpus, offli
     assert outcome.status < 500, f"server error for a bad request: {outcome.raw[:300]!r}"
     assert outcome.status == item.status, outcome.raw[:300]
     if item.raw_socket:
-        return  # the frontend's own, empty 413 (see test_oversized_body_413_is_answered_early_with_an_empty_body)
+        return  # the front's own 413 (see test_oversized_body_413_is_answered_early_with_a_json_error)
     assert outcome.from_handler and set(outcome.body) == {"error", "status"}, outcome.raw[:300]
     assert outcome.body["status"] == outcome.status
     assert outcome.message and "\n" not in outcome.message
@@ -175,17 +170,10 @@ def test_concurrent_batches_mixing_good_and_bad_items_answer_the_good_ones(
 
 
 @serving
-def test_oversized_body_413_is_answered_early_with_an_empty_body(corpus_run):
-    """Recorded behaviour: Netty's aggregator answers 413 from Content-Length, with no body at all."""
+def test_oversized_body_413_is_answered_early_with_a_json_error(corpus_run):
+    """The front answers 413 from Content-Length alone, with the reason (TorchServe's own 413 has no body)."""
     outcome = corpus_run.outcomes["reject-body-over-max-request-size"]
-    assert outcome.status == 413 and outcome.raw == b""
-
-
-@serving
-@pytest.mark.xfail(strict=True, reason="the frontend's 413 for a body over max_request_size has an empty body, "
-                   "not a JSON error; cannot be fixed in the handler (a reverse proxy can: see SECURITY.md)")
-def test_oversized_body_413_carries_a_json_error(corpus_run):
-    assert corpus_run.outcomes["reject-body-over-max-request-size"].message
+    assert outcome.status == 413 and outcome.message == "request body larger than 8388608 bytes"
 
 
 # Which content types reach the handler. With a PNG body: "handler" = our handler answered
@@ -203,10 +191,9 @@ CONTENT_TYPES = [
     ("multipart/form-data", 200, "handler"),  # no boundary: passed through as the body
     ("application/json", 400, "handler"),  # "body is not valid JSON"
     ("multipart/form-data; boundary=zz", 400, "handler"),  # parsed: no parts -> "empty request"
+    ("application/x-www-form-urlencoded", 200, "handler"),  # curl --data-binary: relabelled by the front
 ]
-# application/x-www-form-urlencoded is left out: what a binary body becomes depends on its bytes (a frontend
-# 500 ErrorDataDecoderException, a 400, or form fields with garbled non-ASCII names that currently kill the
-# worker); the corpus sends the deterministic cases and test_faults.py the worker-killing one.
+# application/x-www-form-urlencoded: the front relabels image bytes (serving.forms); the corpus sends forms.
 
 
 @serving
@@ -315,10 +302,10 @@ def test_corpus_images_are_what_the_cases_claim(hostile_corpus):
     assert Image.open(io.BytesIO(hostile_corpus["accept-animated-gif-first-frame"].body)).n_frames == 2
     assert opened("accept-png-1x1").size == (1, 1) and opened("accept-png-1x10000").size == (1, 10000)
     assert opened("accept-png-4000x4000-at-pixel-limit").size == (4000, 4000)
-    assert b"%" not in hostile_corpus["reject-png-as-form-urlencoded"].body
+    assert b"%" not in hostile_corpus["accept-png-as-form-urlencoded"].body
     assert b"=" in hostile_corpus["reject-json-as-form-urlencoded"].body
     assert b"=" not in hostile_corpus["reject-json-without-equals-as-form-urlencoded"].body
-    assert form_decoder_fails(hostile_corpus["reject-png-failing-the-form-decoder"].body)
+    assert form_decoder_fails(hostile_corpus["accept-png-failing-the-form-decoder"].body)
     bomb = hostile_corpus["reject-png-bomb-30000x30000"].body
     assert len(bomb) < 200_000 and struct.unpack(">II", bomb[16:24]) == (30000, 30000)
     idat = next(data for _, kind, data in png_chunks(bomb) if kind == b"IDAT")

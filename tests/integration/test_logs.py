@@ -1,7 +1,9 @@
 """What a real TorchServe writes under logs/ with the shipped log4j2 configuration.
 
 The instance is private (its own workdir, TMPDIR and ports) and gets the configuration through vmargs, as
-`torchserve --log-config` passes it; it serves the suite's tiny archive.
+`torchserve --log-config` passes it; it serves the suite's tiny archive. It runs without the local front
+(serving.front), so the refused body reaches TorchServe's form decoder, as with an https address; the last test
+sends the same body through the front.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def logged(tmp_path_factory, model_store) -> Logged:
     vmargs = f"{properties()['vmargs']} -Dlog4j.configurationFile={LOG_CONFIG_FILE}"
     marker = b"refused-body-marker-" + secrets.token_hex(8).encode()
     image = sample_digit()
-    with running_instance(workdir, model_store, vmargs=vmargs) as instance:
+    with running_instance(workdir, model_store, front=False, vmargs=vmargs) as instance:
         _wait_all_workers_ready(instance)
         logs = workdir / "logs"
         url = f"{instance.endpoints.inference}/predictions/{instance.model_name}"
@@ -130,3 +132,25 @@ def test_metric_log_files_are_off_and_metrics_still_served(logged):
     assert not (logged.logs / "ts_metrics.log").exists() and not (logged.logs / "model_metrics.log").exists()
     assert re.search(r"^EmbeddingAnsweredImages\{.*\} (\d+\.\d+)$", logged.metrics, re.M)
     assert re.search(r"^ts_inference_requests_total\{.*\} (\d+\.\d+)$", logged.metrics, re.M)
+
+
+def test_through_the_front_the_same_body_is_refused_by_the_handler_in_one_line(torchserve):
+    """The front passes the non-ASCII "form" on as bytes: the handler answers 400 and logs one line, no bytes."""
+    logs = Path(torchserve.workdir) / "logs"
+    marker = b"refused-body-marker-" + secrets.token_hex(8).encode()
+    before = snapshot(logs)
+    sender = Sender(f"{torchserve.endpoints.inference}/predictions/{torchserve.model_name}",
+                    torchserve.keys()["inference"])
+    try:
+        status, body = sender.post(refused_body(marker, sample_digit()), "application/x-www-form-urlencoded")
+    finally:
+        sender.close()
+    assert status == 400 and "not an image" in json.loads(body)["error"]
+    deadline = time.monotonic() + 10
+    while b"refused request" not in _added(logs, before, snapshot(logs))["model_log.log"]:
+        assert time.monotonic() < deadline, "the handler logged no refusal"
+        time.sleep(0.1)
+    lines = _added(logs, before, snapshot(logs))["model_log.log"].splitlines()
+    (line,) = [line for line in lines if b"refused request" in line]
+    assert b": 400 " in line and all(b" MODEL_LOG - batch=" in other for other in lines if other != line)
+    assert files_holding(logs, marker) == []

@@ -136,10 +136,16 @@ def test_loopback_check_refuses_wildcard_and_external_addresses():
 
 @pytest.mark.serving
 def test_every_listener_is_on_ipv4_loopback(server):
-    frontend = psutil.Process(server.pid())
+    """TorchServe holds every port of the config but the inference one, which its front holds, and its inference
+    API on one private port; all on loopback."""
+    frontend, front = psutil.Process(server.pid()), psutil.Process(server.front_pid())
     listening = [c.laddr for c in frontend.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
-    assert sorted(port for _, port in listening) == sorted(server.endpoints.ports().values())
-    assert all(loopback(ip) for ip, _ in listening), listening
+    fronting = [c.laddr for c in front.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    ports = server.endpoints.ports()
+    assert [port for _, port in fronting] == [ports.pop("inference")]
+    private = {port for _, port in listening} - set(ports.values())
+    assert len(private) == 1 and len(listening) == len(ports) + 1
+    assert all(loopback(ip) for ip, _ in listening + fronting), (listening, fronting)
     workers = frontend.children(recursive=True)
     assert workers
     for worker in workers:  # workers talk to the frontend over unix sockets only

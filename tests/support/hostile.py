@@ -12,12 +12,13 @@ Decisions recorded here (and in SECURITY.md):
   ``application/x-www-form-urlencoded`` and ``multipart/form-data; boundary=…``, which it parses as forms.
   The worker turns ``application/json`` bodies into objects and ``text/*`` bodies into str when they are
   UTF-8; image bytes are never UTF-8, so ``text/plain`` + PNG reaches the handler as bytes: accepted.
-  A URL-encoded body (curl -d and --data-binary without -H) that Netty's HttpPostRequestDecoder cannot decode,
-  as about half of image files (see form_decoder_fails), gets a 500 ErrorDataDecoderException from the frontend
-  (InferenceRequestHandler.parseRequest) before the handler runs (``frontend_xfail``); one it can decode
-  reaches the handler as form fields (or none), and the handler names the header that sends image bytes or
-  JSON. Requests whose error message would carry non-ASCII text (field names, content types) currently kill
-  the worker (see test_faults.py), so they are not sent to the shared server.
+  A URL-encoded body (curl -d and --data-binary without -H) never reaches TorchServe's form decoder as it is
+  sent unless it is a form: the front before it (serving.front locally, the gateway in the container) passes
+  image bytes on as application/octet-stream (accepted, whether or not Netty's decoder could have read them, see
+  form_decoder_fails) and refuses a form that does not decode with 400 (serving.forms). An ASCII body that is
+  a form reaches the handler as form fields, and the handler names the header that sends image bytes or JSON.
+  Requests whose error message would carry non-ASCII text (field names, content types) currently kill the
+  worker (see test_faults.py), so they are not sent to the shared server.
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ class HostileRequest:
     fragment: str = ""  # lower-case text the JSON error must contain (must-reject items)
     image: bytes | None = None  # must-accept: the image bytes the handler decodes (offline reference)
     raw_socket: bool = False  # the frontend answers before reading the body: send headers + a little
-    frontend_xfail: str = ""  # a frontend 5xx the handler cannot prevent, with the workaround
 
     @property
     def id(self) -> str:
@@ -238,7 +238,6 @@ class Case:
     fragment: str = ""
     image: Callable[[Assets], bytes] | None = None  # must-accept: the image the handler decodes (default: body)
     raw_socket: bool = False
-    frontend_xfail: str = ""
 
     @property
     def id(self) -> str:
@@ -248,7 +247,7 @@ class Case:
         body, headers = self.make(assets)
         image = (self.image(assets) if self.image else body) if self.expect == "accept" else None
         return HostileRequest(self.name, self.expect, body, headers, self.status, self.fragment, image,
-                              self.raw_socket, self.frontend_xfail)
+                              self.raw_socket)
 
 
 def reject(name: str, status: int, fragment: str, make: Callable[[Assets], Payload], **kw) -> Case:
@@ -291,11 +290,6 @@ def at_pixel_limit() -> bytes:
     return encode(img)
 
 
-FORM_URLENCODED_XFAIL = (
-    "TorchServe's frontend (Netty HttpPostRequestDecoder) answers 500 ErrorDataDecoderException for a URL-encoded "
-    "body it cannot decode, before the handler runs; workaround: send images as application/octet-stream "
-    "(curl -T, or --data-binary with -H 'Content-Type: application/octet-stream') or as -F data=@image.png"
-)
 FORM = "application/x-www-form-urlencoded"
 #: A "%" that is not a %XX escape.
 BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
@@ -393,17 +387,14 @@ CASES: list[Case] = [
     reject("multipart-boundary-mismatch", 400, "empty request",
            lambda a: typed(a.png(), "multipart/form-data; boundary=x")),
     reject("form-urlencoded-text-field", 400, "form has no image file field", lambda a: typed(b"digit=7", FORM)),
-    reject("form-urlencoded-bad-escape", 400, "", lambda a: typed(b"data=%zz", FORM),
-           frontend_xfail=FORM_URLENCODED_XFAIL),
+    reject("form-urlencoded-bad-escape", 400, "no %xx escape", lambda a: typed(b"data=%zz", FORM)),
     # curl -d / --data-binary without -H label the body a URL-encoded form
     reject("json-as-form-urlencoded", 400, "a json body arrived as a url-encoded form",
            lambda a: typed(json_as_form(a, fields=True), FORM)),
     reject("json-without-equals-as-form-urlencoded", 400, '-h "content-type: application/json"',
            lambda a: typed(json_as_form(a, fields=False), FORM)),
-    reject("png-as-form-urlencoded", 400, "image bytes arrived as a url-encoded form",
-           lambda a: typed(form_fields_png(a), FORM)),
-    reject("png-failing-the-form-decoder", 400, "", lambda a: typed(digit_png(a, form_decoder_fails), FORM),
-           frontend_xfail=FORM_URLENCODED_XFAIL),
+    accept("png-as-form-urlencoded", lambda a: typed(form_fields_png(a), FORM)),
+    accept("png-failing-the-form-decoder", lambda a: typed(digit_png(a, form_decoder_fails), FORM)),
     # --- legitimate images sent in unusual ways: answered 200 like the offline service ---
     accept("png-16-bit", lambda a: typed(png16(a), "image/png")),
     accept("jpeg-cmyk", lambda a: typed(encode(a.picture(mode="CMYK"), "JPEG", quality=90), "image/jpeg")),

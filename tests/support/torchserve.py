@@ -25,11 +25,12 @@ def torchserve_processes(workdir: Path) -> list[psutil.Process]:
 
 
 @contextlib.contextmanager
-def running_instance(workdir: Path, store: Path, **overrides: str) -> Iterator[Instance]:
-    """A private TorchServe serving `store`; stopped afterwards, even on failure."""
+def running_instance(workdir: Path, store: Path, front: bool = True, **overrides: str) -> Iterator[Instance]:
+    """A private TorchServe serving `store` (behind serving.front unless `front` is False); stopped afterwards,
+    even on failure."""
     instance = private_instance(workdir, **overrides)
     try:
-        start(instance, store, timeout=120)
+        start(instance, store, timeout=120, front=front)
         yield instance
     finally:
         stop(instance)
