@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-import urllib.parse
 import urllib.request
 
 import numpy as np
@@ -15,7 +13,7 @@ import psutil
 import pytest
 
 from serving.server import private_instance, start, stop
-from support.hostile import FORM, Assets, digit_png, form_decoder_fails, post
+from support.hostile import FORM, Assets, digit_png, form_decoder_fails, post, post_oversized
 from support.torchserve import torchserve_processes
 
 pytestmark = pytest.mark.serving
@@ -77,19 +75,10 @@ def test_the_key_is_checked_before_the_form(endpoint, token):
     assert outcome.status == 400 and "Token Authorization failed" in outcome.message
 
 
-def test_an_oversized_body_is_refused_from_its_length_with_a_json_reason(torchserve, endpoint):
+def test_an_oversized_body_is_refused_from_its_length_with_a_json_reason(endpoint):
     url, token = endpoint
-    parts = urllib.parse.urlsplit(url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
-        sock.sendall((f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {token}\r\n"
-                      f"Content-Type: application/octet-stream\r\nContent-Length: {9 * 1024 * 1024}\r\n\r\n").encode())
-        sock.sendall(b"\0" * 65536)
-        reply = sock.makefile("rb")
-        head = [line.decode().strip() for line in iter(reply.readline, b"\r\n")]
-        length = next(int(line.split(":")[1]) for line in head if line.lower().startswith("content-length:"))
-        body = reply.read(length)
-    assert head[0].split()[1] == "413"
-    assert json.loads(body) == {"error": "request body larger than 8388608 bytes"}
+    outcome = post_oversized(url, {"Content-Type": "application/octet-stream"}, token, 9 * 1024 * 1024)
+    assert outcome.status == 413 and outcome.body == {"error": "request body larger than 8388608 bytes"}
 
 
 def test_torchserve_headers_and_its_own_errors_pass_through(endpoint, torchserve):
