@@ -47,6 +47,10 @@ def _common(parser: argparse.ArgumentParser, management: bool) -> None:
     auth.add_argument("--token", help=f"{what} token (default: ${env}, then the key file)")
     auth.add_argument("--key-file", type=Path, help="TorchServe key_file.json (default: ./key_file.json, read only "
                                                     "for a server on this machine)")
+    if not management:
+        parser.add_argument("--gateway-token", metavar="JWT",
+                            help=f"behind Kubeflow's ingress: your Kubeflow token, sent as the bearer (the key then "
+                                 f"goes in X-API-Key) (default: ${tokens.GATEWAY_ENV})")
 
 
 def _protocol(parser: argparse.ArgumentParser) -> None:

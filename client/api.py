@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 from urllib.parse import urlsplit
@@ -69,12 +70,14 @@ class EmbeddingClient:
     (KServe). ``url``: the inference base URL (``host:port`` for gRPC); defaults come from
     config.properties. Failures raise the typed errors of :mod:`client.errors`; connection failures
     and 503 are retried ``retries`` times with exponential backoff (``backoff`` seconds; see :mod:`torchserve_api.retry`).
-    ``config``: the config.properties whose addresses a wrong-port error names.
+    ``config``: the config.properties whose addresses a wrong-port error names. ``gateway_token``: behind
+    Kubeflow's ingress, your Kubeflow token (it becomes the bearer value and the key moves to X-API-Key).
     """
 
     def __init__(self, url: str | None = None, *, protocol: str = "rest", model: str = MODEL_NAME,
                  version: str | None = None, token: Token | str | None = None, timeout: float = 30.0,
-                 retries: int = 3, backoff: float = 0.2, config: Path = CONFIG_FILE) -> None:
+                 retries: int = 3, backoff: float = 0.2, config: Path = CONFIG_FILE,
+                 gateway_token: str | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise UsageError(f"unknown protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
         if timeout <= 0:
@@ -84,6 +87,8 @@ class EmbeddingClient:
         self.model = model
         self.version = version
         self.token = token if isinstance(token, Token) else Token(token, source="the token argument")
+        if gateway_token:  # behind Kubeflow's ingress: the JWT is the bearer, the key goes in X-API-Key
+            self.token = replace(self.token, gateway=gateway_token)
         retry = RetryPolicy(retries=max(0, retries), backoff=backoff)
         self.transport: Transport
         if protocol == "grpc":

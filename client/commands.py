@@ -26,7 +26,8 @@ def _token(kind: tokens.Kind, args: argparse.Namespace, url: str) -> tokens.Toke
     """This machine's default key file is only read for a server on this machine: its keys never go elsewhere."""
     from .rest import is_loopback
 
-    return tokens.resolve(kind, args.token, args.key_file, default_key_file=is_loopback(url), url=url)
+    return tokens.resolve(kind, args.token, args.key_file, default_key_file=is_loopback(url), url=url,
+                          gateway=getattr(args, "gateway_token", None))
 
 
 def _refuse_python_runtime(args: argparse.Namespace, url: str) -> None:

@@ -9,6 +9,7 @@ URL when a project command started it on this machine (torchserve_api.instances,
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, Mapping
 
@@ -16,10 +17,12 @@ from settings import KEY_FILE
 from torchserve_api.instances import for_address
 from torchserve_api.tokens import Token, from_key_file
 
-__all__ = ["Kind", "ENV", "DEFAULT_KEY_FILE", "Token", "from_key_file", "key_file_for", "resolve"]
+__all__ = ["Kind", "ENV", "GATEWAY_ENV", "DEFAULT_KEY_FILE", "Token", "from_key_file", "key_file_for", "resolve"]
 
 Kind = Literal["inference", "management"]
 ENV = {"inference": "EMBEDDING_TOKEN", "management": "EMBEDDING_MANAGEMENT_TOKEN"}
+#: A gateway's bearer token for calls through Kubeflow's ingress (docs/kserve.md).
+GATEWAY_ENV = "EMBEDDING_GATEWAY_TOKEN"
 DEFAULT_KEY_FILE = Path(KEY_FILE)
 
 
@@ -33,12 +36,21 @@ def key_file_for(url: str | None) -> Path | None:
 
 
 def resolve(kind: Kind = "inference", token: str | None = None, key_file: Path | None = None,
-            env: Mapping[str, str] | None = None, default_key_file: bool = True, url: str | None = None) -> Token:
+            env: Mapping[str, str] | None = None, default_key_file: bool = True, url: str | None = None,
+            gateway: str | None = None) -> Token:
     """The token to send; a missing default key file means no token, a missing explicit one is an error.
 
     `default_key_file`: whether a key file nobody named may be read (only for a server on this machine); `url`:
-    the server's address, whose recorded key file comes before ./key_file.json."""
+    the server's address, whose recorded key file comes before ./key_file.json; `gateway`: a gateway's bearer
+    token (a Kubeflow JWT; default $EMBEDDING_GATEWAY_TOKEN), which moves the key to X-API-Key."""
     env = os.environ if env is None else env
+    found = _key(kind, token, key_file, env, default_key_file, url)
+    gateway = gateway or env.get(GATEWAY_ENV) or None
+    return replace(found, gateway=gateway) if gateway else found
+
+
+def _key(kind: Kind, token: str | None, key_file: Path | None, env: Mapping[str, str], default_key_file: bool,
+         url: str | None) -> Token:
     if token:
         return Token(token, source="--token")
     if env.get(ENV[kind]):

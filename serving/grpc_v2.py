@@ -4,8 +4,8 @@ KServe's model server answers ``inference.GRPCInferenceService`` on port 8081 be
 the gateway (:mod:`serving.gateway.app`), with the same backend and the same rules as its REST v2 route:
 
 - ServerLive / ServerReady are ``/v2/health/live`` / ``/v2/health/ready`` and, like those probes, need no key;
-  every other RPC needs the metadata ``authorization: Bearer <key>`` (the REST gateway's key, compared with
-  ``hmac.compare_digest``), else UNAUTHENTICATED;
+  every other RPC needs the REST gateway's key in the metadata ``x-api-key`` or ``authorization: Bearer <key>``
+  (:mod:`serving.gateway.auth`), else UNAUTHENTICATED;
 - ModelReady, ServerMetadata and ModelMetadata answer what the REST routes answer (the typed outputs of
   :mod:`handler.v2_schema`);
 - ModelInfer becomes the v2 JSON body the handler reads (:func:`infer_body`: typed ``contents`` or
@@ -21,13 +21,13 @@ The stubs come from serving/proto/grpc_predict_v2.proto (:mod:`serving.grpc_stub
 from __future__ import annotations
 
 import base64
-import hmac
 import json
 import logging
 from typing import Any, Awaitable, Callable, Mapping
 
 import grpc
 
+from serving.gateway.auth import GRPC_REFUSAL, key_matches, presented_key
 from serving.grpc_stubs import load
 from serving.open_inference import ProtocolError, tensor_bytes, tensor_data
 
@@ -242,7 +242,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 
 class BearerKeyInterceptor(grpc.aio.ServerInterceptor):
-    """UNAUTHENTICATED unless the metadata ``authorization`` is ``Bearer <key>``; OPEN_METHODS pass without it."""
+    """UNAUTHENTICATED unless the metadata carries the key (``x-api-key``, else ``authorization: Bearer``:
+    :func:`serving.gateway.auth.presented_key`); OPEN_METHODS pass without it."""
 
     def __init__(self, api_key: bytes) -> None:
         self.api_key = api_key
@@ -250,12 +251,8 @@ class BearerKeyInterceptor(grpc.aio.ServerInterceptor):
     def allowed(self, method: str, metadata: Any) -> bool:
         if method in OPEN_METHODS:
             return True
-        values = [v for k, v in (metadata or ()) if k == "authorization"]
-        if len(values) != 1:
-            return False
-        value = values[0].decode("latin-1") if isinstance(values[0], bytes) else values[0]
-        scheme, _, key = value.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(), self.api_key)
+        pairs = [(k, v.decode("latin-1") if isinstance(v, bytes) else v) for k, v in (metadata or ())]
+        return key_matches(presented_key(lambda name: [v for k, v in pairs if k == name]), self.api_key)
 
     async def intercept_service(self, continuation, handler_call_details):
         if self.allowed(handler_call_details.method, handler_call_details.invocation_metadata):
@@ -264,8 +261,7 @@ class BearerKeyInterceptor(grpc.aio.ServerInterceptor):
 
 
 async def _refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                        "missing or wrong bearer key: send the metadata authorization: Bearer <key>")
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, GRPC_REFUSAL)
 
 _REFUSE = grpc.unary_unary_rpc_method_handler(_refuse)
 

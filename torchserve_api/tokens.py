@@ -14,17 +14,29 @@ from pathlib import Path
 from .errors import UsageError
 
 
+#: The header (gRPC: metadata key, lower case) a serving key travels in beside a gateway's own JWT: behind
+#: Kubeflow's Istio ingress, Authorization must hold the Kubeflow token. serving/gateway/auth.py reads it (the
+#: serving image holds no client code, so it names it too; tests/unit/test_gateway_auth.py checks both agree).
+API_KEY_HEADER = "X-API-Key"
+
+
 @dataclass(frozen=True)
 class Token:
+    """The key, and `gateway`: a gateway's bearer token (a Kubeflow JWT) that then takes Authorization, the key
+    moving to X-API-Key."""
+
     value: str | None
     source: str = ""
     expires: datetime | None = None
+    gateway: str | None = None
 
     def header(self) -> dict[str, str]:
+        if self.gateway:
+            return {"Authorization": f"Bearer {self.gateway}", **({API_KEY_HEADER: self.value} if self.value else {})}
         return {"Authorization": f"Bearer {self.value}"} if self.value else {}
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.value}"),) if self.value else ()
+        return tuple((name.lower(), value) for name, value in self.header().items())
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires is not None and self.expires <= (now or datetime.now(timezone.utc))

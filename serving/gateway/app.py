@@ -18,7 +18,6 @@ Open Inference gRPC (:mod:`serving.grpc_v2`) is answered by the same object: it 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -31,6 +30,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from handler.log_lines import refusal_log_line
 from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_INPUTS, V2_OUTPUTS
 from serving.forms import FormError, checked, refusal
+from serving.gateway.auth import API_KEY_HEADER, REST_REFUSAL, key_matches, presented_key
 from serving.gateway.backend import Backend, InferenceCall, Reply
 from serving.gateway.drain import Drain, FrontProcess
 from serving.gateway_metrics import GatewayMetrics
@@ -41,7 +41,7 @@ API_KEY_ENV = "INFERENCE_API_KEY"
 #: The only paths answered without the key: what the kubelet's probes call.
 PROBE_PATHS = ("/v2/health/live", "/v2/health/ready")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "host", "content-length", "authorization"}
+              "transfer-encoding", "upgrade", "host", "content-length", "authorization", API_KEY_HEADER.lower()}
 #: Headers of a v1/v2 request that describe the client's body, not the JSON the gateway hands the backend.
 BODY_HEADERS = {"content-type", "content-encoding", HEADER_LENGTH.lower()}
 #: Bodies from this size on are parsed and written in a worker thread, not on the event loop.
@@ -161,9 +161,8 @@ class Gateway:
 
     async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.api_key is not None and request.path not in PROBE_PATHS:
-            scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key):
-                return json_response(401, {"error": "missing or wrong bearer key: send Authorization: Bearer <key>"})
+            if not key_matches(presented_key(lambda name: request.headers.getall(name, [])), self.api_key):
+                return json_response(401, {"error": REST_REFUSAL})
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:

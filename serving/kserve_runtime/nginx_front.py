@@ -111,8 +111,10 @@ def render(settings: FrontSettings) -> str:
                                                                           "uwsgi", "scgi"))
     routes = "\n".join((
         _route("/predictions/", "predictions", ("proxy_set_header Authorization $predict_key;",
+                                                "proxy_set_header X-API-Key $predict_api_key;",
                                                 "proxy_pass http://$predict_to;")),
         _route("~ ^/v1/models/[^/]+:predict$", "v1", ("proxy_set_header Authorization $v1_key;",
+                                                      "proxy_set_header X-API-Key $v1_api_key;",
                                                       "proxy_set_header Content-Type application/json;",
                                                       "proxy_pass http://$v1_to;")),
         _route("/", "gateway", ("proxy_pass http://gateway;",)),
@@ -174,14 +176,22 @@ http {{
         "" torchserve;
         default gateway;
     }}
-    # TorchServe never sees the key; the gateway checks it again.
+    # TorchServe never sees the key (either header); the gateway checks it again.
     map $predict_to $predict_key {{
         torchserve "";
         default $http_authorization;
     }}
+    map $predict_to $predict_api_key {{
+        torchserve "";
+        default $http_x_api_key;
+    }}
     map $v1_to $v1_key {{
         torchserve "";
         default $http_authorization;
+    }}
+    map $v1_to $v1_api_key {{
+        torchserve "";
+        default $http_x_api_key;
     }}
 
     server {{

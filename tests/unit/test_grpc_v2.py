@@ -144,7 +144,10 @@ def test_an_answer_without_outputs_is_internal():
     ("/inference.GRPCInferenceService/ModelInfer", (("authorization", f"bearer {KEY}"),), True),
     ("/inference.GRPCInferenceService/ModelInfer", (("authorization", "Bearer wrong"),), False),
     ("/inference.GRPCInferenceService/ModelInfer", (("authorization", KEY),), False),
-    ("/inference.GRPCInferenceService/ModelMetadata", (("x-api-key", KEY),), False),
+    ("/inference.GRPCInferenceService/ModelMetadata", (("x-api-key", KEY),), True),
+    ("/inference.GRPCInferenceService/ModelInfer", (("x-api-key", KEY), ("authorization", "Bearer a.b.c")), True),
+    ("/inference.GRPCInferenceService/ModelInfer", (("x-api-key", "wrong"), ("authorization", f"Bearer {KEY}")), False),
+    ("/inference.GRPCInferenceService/ModelInfer", (("x-api-key", KEY), ("x-api-key", KEY)), False),
     ("/inference.GRPCInferenceService/ModelInfer",
      (("authorization", f"Bearer {KEY}"), ("authorization", "Bearer wrong")), False),
 ])

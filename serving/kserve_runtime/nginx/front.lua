@@ -48,6 +48,26 @@ local function answer(status, message)
     return ngx.exit(status)
 end
 
+-- The key a request presents, as serving/gateway/auth.py's presented_key: its one X-API-Key value if it sends that
+-- header (behind Kubeflow's ingress, Authorization carries the caller's JWT), else the Bearer value of its one
+-- Authorization header; nil otherwise. A header sent twice reaches ngx.req.get_headers() as a table.
+local function presented_key()
+    local headers = ngx.req.get_headers()
+    local own = headers["x-api-key"]
+    if own ~= nil then
+        return type(own) == "string" and own:match("^%s*(.-)%s*$") or nil
+    end
+    local header = headers["authorization"]
+    if type(header) ~= "string" then
+        return nil
+    end
+    local scheme, rest = header:match("^([^ ]*) ?(.*)$")
+    if (scheme or ""):lower() ~= "bearer" then
+        return nil
+    end
+    return (rest or ""):match("^%s*(.-)%s*$")
+end
+
 -- Every request but the probes: drain state first (as the gateway's outer middleware), then the key. While the
 -- pod drains, a request jumps to `closing`, the same route with keepalive_timeout 0, so that its answer closes
 -- the connection (nginx decides keep-alive per location; no header set here would change it).
@@ -62,13 +82,9 @@ function M.access(closing)
             return answer(503, "this replica is shutting down; retry")
         end
     end
-    if expected then
-        local header = ngx.var.http_authorization or ""
-        local scheme, rest = header:match("^([^ ]*) ?(.*)$")
-        local key = (rest or ""):match("^%s*(.-)%s*$")
-        if (scheme or ""):lower() ~= "bearer" or not same(digest(key), expected) then
-            return answer(401, "missing or wrong bearer key: send Authorization: Bearer <key>")
-        end
+    if expected and not same(digest(presented_key() or ""), expected) then
+        return answer(401, "missing or wrong API key: send X-API-Key: <key>, or Authorization: Bearer <key> "
+                           .. "without a gateway")
     end
     state:incr("in_flight", 1, 0)
     ngx.ctx.counted = true
