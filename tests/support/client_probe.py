@@ -3,7 +3,10 @@
 Runs inside a client virtual environment (scripts/client-venvs.sh), never the project's: it imports only
 the client under test and numpy, not the project. Usage:
 
-    python -I client_probe.py kserve|triton URL MODEL KEY INPUT.json
+    python -I client_probe.py kserve|triton URL MODEL KEY INPUT.json [GATEWAY_TOKEN]
+
+With GATEWAY_TOKEN (a Kubeflow JWT, for a URL behind Kubeflow's ingress) the token goes in Authorization and the
+key in X-API-Key, as docs/kserve.md tells callers there; without it the key is the bearer value.
 
 (-I: the script's own directory must not shadow the standard library; tests/support/http.py would.)
 
@@ -33,11 +36,16 @@ def _plain(array: np.ndarray) -> list:
     return np.where(np.isnan(array), None, array).tolist() if array.dtype.kind == "f" else array.tolist()
 
 
-def kserve(url: str, model: str, key: str, pngs: list[bytes], pixels: np.ndarray) -> dict:
+def auth_headers(key: str, gateway_token: str | None) -> dict[str, str]:
+    if gateway_token:
+        return {"Authorization": f"Bearer {gateway_token}", "X-API-Key": key}
+    return {"Authorization": f"Bearer {key}"}
+
+
+def kserve(url: str, model: str, headers: dict[str, str], pngs: list[bytes], pixels: np.ndarray) -> dict:
     from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
     from kserve.protocol.infer_type import RequestedOutput
 
-    headers = {"Authorization": f"Bearer {key}"}
     n = len(pngs)
 
     def typed(response) -> dict:
@@ -86,10 +94,9 @@ def kserve(url: str, model: str, key: str, pngs: list[bytes], pixels: np.ndarray
     return asyncio.run(run())
 
 
-def triton(url: str, model: str, key: str, pngs: list[bytes], pixels: np.ndarray) -> dict:
+def triton(url: str, model: str, headers: dict[str, str], pngs: list[bytes], pixels: np.ndarray) -> dict:
     import tritonclient.http as http
 
-    headers = {"Authorization": f"Bearer {key}"}
     n = len(pngs)
     client = http.InferenceServerClient(url.split("://", 1)[1], connection_timeout=60, network_timeout=60)
     checks = {
@@ -125,11 +132,12 @@ def triton(url: str, model: str, key: str, pngs: list[bytes], pixels: np.ndarray
 
 def main() -> None:
     which, url, model, key, inputs = sys.argv[1:6]
+    headers = auth_headers(key, sys.argv[6] if len(sys.argv) > 6 else None)
     given = json.loads(open(inputs).read())
     pngs = [base64.b64decode(p) for p in given["pngs"]]
     pixels = np.array(given["pixels"], dtype=np.uint8)
     run = kserve if which == "kserve" else triton
-    out = run(url, model, key, pngs, pixels)
+    out = run(url, model, headers, pngs, pixels)
     out["version"] = version("kserve" if which == "kserve" else "tritonclient")
     print(json.dumps(out))
 
