@@ -33,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--mar", action="append", metavar="FILE", help="an archive in the model store to load; repeat it "
                    "to serve several versions, the first one the default (default: load_models in --config)")
     s.add_argument("--timeout", type=positive_seconds, default=120.0, help="seconds to wait for READY workers")
+    s.add_argument("--no-front", dest="front", action="store_false",
+                   help="TorchServe alone on the inference port, without serving/front.py: up to 1.7x the "
+                        "requests at c=16 on 2 cores, but curl --data-binary of an image can get TorchServe's 500 "
+                        "(docs/serving.md)")
     s.add_argument("--runtime", choices=tuple(SERVING_RUNTIMES), default=DEFAULT_SERVING_RUNTIME,
                    help="torchserve (default), or python: the same archives on the config's ports without Java "
                         "(no management API; docs/decisions.md says when to choose it)")
@@ -97,7 +101,7 @@ def _start(args: argparse.Namespace, instance: Instance) -> int:
 
         seconds = python_server.start(instance, args.model_store, models, timeout=args.timeout)
     else:
-        seconds = start(instance, args.model_store, models, timeout=args.timeout)
+        seconds = start(instance, args.model_store, models, timeout=args.timeout, front=args.front)
     url = instance.endpoints.inference
     print(f"{server_name(instance)} READY in {seconds:.1f}s: {url}/predictions/{instance.model_name}")
     if instance.token_auth:
