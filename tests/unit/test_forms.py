@@ -50,4 +50,3 @@ def test_the_refusal_is_shaped_as_the_handlers():
 
 def test_fields_decode_as_torchserve_gives_them():
     assert urlencoded_params(b"a=1+2&b=%41&c&d") == [("a", b"1 2", ""), ("b", b"A", ""), ("c", b"", "")]
-
