@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -32,14 +31,13 @@ from torchserve_api.management import ManagementClient
 from torchserve_api.tokens import from_key_file
 
 from .ports import port_taken
+from .server_logs import diagnose, load_failure, log_offsets
 from .ts_config import request_limits
 
 PID_FILE = ".model_server.pid"  # TorchServe's launcher writes it into $TMPDIR
 FRONT_PID_FILE = "front.pid"
 #: Seconds the front may take to listen once started.
 FRONT_START_S = 15.0
-#: The start of a log4j record in TorchServe's logs; other lines continue the record above (a stack trace).
-LOG_RECORD = re.compile(r"^\d{4}-\d{2}-\d{2}T")
 
 
 class LocalServerError(Exception):
@@ -133,72 +131,6 @@ def port_in_use(port: int) -> bool:
     return port_taken("127.0.0.1", port)
 
 
-def _log_tail(instance: Instance, lines: int = 400) -> str:
-    texts = []
-    for path in (instance.log_file, _ts_log(instance), _model_log(instance)):
-        try:
-            texts.append(path.read_text(errors="replace"))
-        except OSError:
-            pass
-    return "\n".join("\n".join(t.splitlines()[-lines:]) for t in texts)
-
-
-def _diagnose(instance: Instance) -> str:
-    tail = _log_tail(instance)
-    if "Address already in use" in tail or "BindException" in tail:
-        return "a port in the config is already in use (see logs/ts_log.log)"
-    for marker in ("refusing to load model", "ArtifactError", "ModuleNotFoundError", "Load model failed"):
-        for line in tail.splitlines():
-            # faiss's loader logs a harmless ModuleNotFoundError while it probes for AVX512/AVX2 builds.
-            if marker in line and "Could not load library with" not in line:
-                return line.strip()[-300:]
-    return f"see {instance.log_file} and {instance.workdir / 'logs'}"
-
-
-def _model_log(instance: Instance) -> Path:
-    return instance.workdir / "logs" / "model_log.log"
-
-
-def _ts_log(instance: Instance) -> Path:
-    return instance.workdir / "logs" / "ts_log.log"
-
-
-def log_offsets(instance: Instance) -> tuple[int, int]:
-    """Current sizes of model_log.log and ts_log.log: where this start's lines begin."""
-    return tuple(path.stat().st_size if path.exists() else 0  # type: ignore[return-value]
-                 for path in (_model_log(instance), _ts_log(instance)))
-
-
-def _lines_after(path: Path, offset: int) -> list[str]:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            return fh.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
-
-
-def load_failure(instance: Instance, offsets: tuple[int, int]) -> str | None:
-    """One line naming why a model failed to load, from the log lines written after `offsets`; None if none did.
-
-    Two failures are final: the handler's refusal (tampered or mismatched artifacts) in model_log.log, and the
-    frontend's "Failed to load model: <archive>" in ts_log.log (an archive it cannot unpack or read), after which
-    TorchServe runs on without that model and never tries it again.
-    """
-    for line in _lines_after(_model_log(instance), offsets[0]):
-        if "refusing to load model" in line:
-            return line[line.index("refusing to load model"):].strip()
-    lines = _lines_after(_ts_log(instance), offsets[1])
-    for i, line in enumerate(lines):
-        if "Failed to load model:" in line:
-            archive, _, cause = line.split("Failed to load model:", 1)[1].strip().partition(" ")
-            cause = cause.strip().removeprefix("(").removesuffix(")")  # the exception, when logged on one line
-            if not cause and i + 1 < len(lines) and not LOG_RECORD.match(lines[i + 1]):
-                cause = lines[i + 1].strip()  # else the stack trace's first line
-            return f"TorchServe failed to load model {archive}" + (f": {cause[:300]}" if cause else "")
-    return None
-
-
 def model_status(instance: Instance, timeout: float = 2.0) -> list[dict]:
     """Workers of the model as the management API describes them (all versions); client errors raise."""
     with ManagementClient(instance.endpoints.management, model=instance.model_name,
@@ -216,7 +148,7 @@ def wait_ready(instance: Instance, timeout: float = 120.0, offsets: tuple[int, i
         offsets = log_offsets(instance)
     while time.monotonic() < deadline:
         if instance.pid() is None and time.monotonic() - started > 3:
-            raise LocalServerError(f"TorchServe exited during start: {_diagnose(instance)}")
+            raise LocalServerError(f"TorchServe exited during start: {diagnose(instance)}")
         failure = load_failure(instance, offsets)
         if failure:
             raise LocalServerError(failure)
@@ -227,7 +159,7 @@ def wait_ready(instance: Instance, timeout: float = 120.0, offsets: tuple[int, i
         except (LocalServerError, ClientError):
             pass
         time.sleep(0.2)
-    raise LocalServerError(f"no READY worker for {instance.model_name} after {timeout:.0f}s: {_diagnose(instance)}")
+    raise LocalServerError(f"no READY worker for {instance.model_name} after {timeout:.0f}s: {diagnose(instance)}")
 
 
 def model_store_for(config: Path, given: Path | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""serving.server.load_failure: the one line `serving start` ends with when TorchServe cannot load the model."""
+"""serving.server_logs.load_failure: the one line `serving start` ends with when TorchServe cannot load the model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.server import Instance, load_failure, log_offsets
+from serving.server import Instance
+from serving.server_logs import load_failure, log_offsets
 
 RECORD = "2026-11-26T23:49:46,845 [WARN ] main org.pytorch.serve.ModelServer - "
 
