@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .server import Instance
+
+class Instance(Protocol):
+    """What is read of a serving.server.Instance: where its logs are."""
+
+    @property
+    def workdir(self) -> Path: ...
+
+    @property
+    def log_file(self) -> Path: ...
 
 #: The start of a log4j record in TorchServe's logs; other lines continue the record above (a stack trace).
 LOG_RECORD = re.compile(r"^\d{4}-\d{2}-\d{2}T")
