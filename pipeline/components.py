@@ -194,13 +194,16 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
                   namespace: str, service_name: str, protocol: str, runtime: str, service_account: str,
                   api_key_secret: str, run_id: str, dry_run: bool, manifest: Output[Artifact],
                   image_pull_secret: str = "", serving_runtime: str = "torchserve", min_replicas: int = 1,
-                  max_replicas: int = 4, scale_target: int = 16, watch_timeout_s: float = 600.0) -> str:
+                  max_replicas: int = 4, scale_target: int = 16, watch_timeout_s: float = 600.0,
+                  canary_percent: int = 10, canary_window_s: float = 300.0, prometheus_url: str = "") -> str:
     """Publish the KServe model store and create or patch the InferenceService; returns its URL.
 
     The predictor runs ClusterServingRuntime `runtime`, else the project's one for `serving_runtime`.
 
     What was deployed (accuracy, open-set rejection, version, .mar SHA-256, run id) is recorded in the
-    ConfigMap `<service>-deployed-model` once the new revision serves: the next run's gate reads it. Storage
+    ConfigMap `<service>-deployed-model` once the new revision serves: the next run's gate reads it. A new model
+    version on a serverless service first takes `canary_percent`% of the traffic for `canary_window_s`, judged on
+    the Prometheus at `prometheus_url` ('' = on readiness), and is promoted or taken back. Storage
     credentials come from the mounted storage Secret's files (pipeline.params.storage_environment). The run id is
     the pod's run-id label where the pipeline sets it as $KFP_RUN_ID, else `run_id` (pipeline.kfp_backend.run_id).
     """
@@ -211,7 +214,7 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
     from handler.artifacts import sha256_file
     from pipeline.kfp_backend import run_id as resolved_run_id
     from pipeline.gate import annotations_for
-    from pipeline.kserve_deploy import KServeTarget, Scaling, cluster_runtime, deploy
+    from pipeline.kserve_deploy import Canary, KServeTarget, Scaling, cluster_runtime, deploy
     from pipeline.params import storage_environment
 
     recorded_run = resolved_run_id(run_id, os.environ)  # before anything is published
@@ -226,9 +229,11 @@ def deploy_kserve(mar: Input[Model], model_name: str, model_version: str, storag
                           image_pull_secrets=[image_pull_secret] if image_pull_secret else [], annotations=notes,
                           # int(): KFP passes numbers as protobuf doubles (1.0) to the executor.
                           scaling=Scaling(int(min_replicas), int(max_replicas), int(scale_target)),
+                          canary=Canary(int(canary_percent), float(canary_window_s), prometheus_url),
                           timeout_s=float(watch_timeout_s),
                           lock_holder=f"pipeline run {recorded_run}")
     result = deploy(path, model_name, model_version, target, dry_run)
+    print(f"rollout: {result.rollout}")
     Path(manifest.path).write_text(json.dumps(result.manifest, indent=2))
     manifest.metadata.update({"storage": result.location, "applied": not dry_run, "url": result.url})
     print(json.dumps(result.manifest, indent=2))

@@ -23,6 +23,7 @@ from training.data import SOURCE_FORMS, source_problem
 from training.data.sources import pvc_claim
 from training.params import TRAINING_PARAMS
 
+from .kserve_deploy.canary import CANARY_PERCENT, CANARY_WINDOW_S, Canary
 from .kserve_deploy.manifest import (DEFAULT_API_KEY_SECRET, MAX_REPLICAS, MIN_REPLICAS, PROTOCOLS, SCALE_TARGET,
                                      Scaling)
 
@@ -101,6 +102,12 @@ PARAMS: tuple[Param, ...] = (
     Param("kserve_max_replicas", int, MAX_REPLICAS, "predictor replicas at most"),
     Param("kserve_scale_target", int, SCALE_TARGET, "requests in flight per pod that Knative scales on (serverless "
           "mode; raw mode keeps KServe's CPU autoscaling)"),
+    Param("kserve_canary_percent", int, CANARY_PERCENT, "share of traffic a new model version gets while it is "
+          "watched before promotion (serverless mode; 0: all at once)"),
+    Param("kserve_canary_window", float, CANARY_WINDOW_S, "seconds the canary is watched before it is promoted or "
+          "taken back"),
+    Param("kserve_prometheus_url", str, "", "Prometheus scraping the predictor pods, whose figures judge the canary "
+          "(5xx share, unknown share, p99 against the stable version); '' = judged on readiness alone"),
     Param("kserve_watch_timeout", float, 600.0, "seconds deploy waits for the new revision to serve before it puts "
           "the spec back", check=lambda value: None if math.isfinite(value) and value > 0 else "must be > 0"),
     Param("kserve_dry_run", bool, False, "write the storage layout and return the manifest; touch no cluster"),
@@ -149,6 +156,9 @@ def validate(values: dict[str, Any]) -> dict[str, Any]:
     scaling = Scaling(out["kserve_min_replicas"], out["kserve_max_replicas"], out["kserve_scale_target"])
     if scaling.problem():
         raise ParamError(f"kserve_min_replicas, kserve_max_replicas, kserve_scale_target: {scaling.problem()}")
+    canary = Canary(out["kserve_canary_percent"], out["kserve_canary_window"], out["kserve_prometheus_url"])
+    if canary.problem():
+        raise ParamError(f"kserve_canary_percent, kserve_canary_window, kserve_prometheus_url: {canary.problem()}")
     if out["deploy_target"] == "kserve" and not out["kserve_storage_uri"]:
         raise ParamError("deploy_target=kserve needs kserve_storage_uri (an s3://, gs:// or pvc:// URI)")
     uri = out["kserve_storage_uri"]

@@ -89,7 +89,8 @@ def _graph(p: dict[str, Any], options: CompileOptions) -> None:
                               protocol=p["kserve_protocol"], runtime=p["kserve_runtime"],
                               serving_runtime=p["serving_runtime"], min_replicas=p["kserve_min_replicas"],
                               max_replicas=p["kserve_max_replicas"], scale_target=p["kserve_scale_target"],
-                              watch_timeout_s=p["kserve_watch_timeout"],
+                              watch_timeout_s=p["kserve_watch_timeout"], canary_percent=p["kserve_canary_percent"],
+                              canary_window_s=p["kserve_canary_window"], prometheus_url=p["kserve_prometheus_url"],
                               service_account=p["kserve_service_account"], api_key_secret=p["kserve_api_key_secret"],
                               image_pull_secret=p["kserve_image_pull_secret"], run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                               dry_run=p["kserve_dry_run"])

@@ -35,6 +35,7 @@ from settings import service_name_for
 from .api import (API_ATTEMPTS, API_BACKOFF_S, CONFLICT_ATTEMPTS, GROUP, NAMESPACE_FILE, PLURAL, VERSION, api_client,
                   api_error, apps_v1_api, call, core_v1_api, custom_objects_api, own_namespace,
                   read_inference_service, resolve_namespace)
+from .canary import Canary, canary_reason, roll_out_canary
 from .claims import check_claim
 from .errors import KServeError
 from .layout import (CONFIG_PATH, INFERENCE_PORT, METRICS_PORT, MODEL_STORE_MOUNT, SNAPSHOT_KEYS, STORE_DIR,
@@ -50,7 +51,7 @@ from .rollout import (MODE_ANNOTATION, OWNED_ANNOTATIONS, apply, deployment_stat
 
 #: Settings that tests patch (NAMESPACE_FILE, API_BACKOFF_S) are read in their own module (kserve_deploy.api):
 #: patch them there; these names are copies.
-__all__ = ["API_ATTEMPTS", "API_BACKOFF_S", "API_KEY_ENV", "CLUSTER_SCHEMES", "CONFIG_PATH", "CONFLICT_ATTEMPTS",
+__all__ = ["API_ATTEMPTS", "API_BACKOFF_S", "API_KEY_ENV", "CLUSTER_SCHEMES", "Canary", "CONFIG_PATH", "CONFLICT_ATTEMPTS",
            "DEFAULT_API_KEY_SECRET", "DEFAULT_RUNTIME", "GROUP", "GRPC_PROTOCOL", "INFERENCE_PORT", "LIVE_PATH",
            "LOCK_KEY", "LOCK_SLACK_S", "METRICS_PORT", "MODEL_STORE_MOUNT", "MODE_ANNOTATION", "NAMESPACE_FILE",
            "OWNED_ANNOTATIONS", "PLURAL", "PREDICTOR_CPU", "PREDICTOR_MEMORY", "PROTOCOLS", "READY_PATH",
@@ -88,6 +89,8 @@ class KServeTarget:
     resources: dict[str, dict[str, str]] | None = None
     #: Replicas and the autoscaling target (manifest.Scaling).
     scaling: Scaling = field(default_factory=Scaling)
+    #: How a new model version takes traffic (canary.Canary: a share, a window, where its signals are read).
+    canary: Canary = field(default_factory=Canary)
     #: Who holds the deploy lock (record.deploy_lock) while this runs, as others are told: the pipeline run;
     #: "" = this host and process.
     lock_holder: str = ""
@@ -98,6 +101,8 @@ class Deployment:
     location: str
     manifest: dict
     url: str
+    #: How the rollout went, on one line (a canary and its verdict, or why all at once).
+    rollout: str = ""
 
 
 def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_run: bool = False,
@@ -114,6 +119,8 @@ def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_r
         raise KServeError("storage_uri is required: an s3://, gs:// or pvc:// location for the model store")
     if target.protocol not in PROTOCOLS:
         raise KServeError(f"protocol {target.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    if target.canary.problem():
+        raise KServeError(f"canary: {target.canary.problem()}")
     if not Path(mar).is_file():
         raise KServeError(f"{mar}: model archive not found")
     location = versioned(target.storage_uri, version)
@@ -130,18 +137,24 @@ def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_r
     service = manifest["metadata"]["name"]
     if dry_run:
         _publish(Path(mar), model_name, version, location)
-        return Deployment(location, manifest, "")
+        return Deployment(location, manifest, "", "dry run: nothing rolled out")
     core_api = core_api or core_v1_api()
     check_claim(core_api, model_uri, location, namespace)
     holder = target.lock_holder or f"{socket.gethostname()} pid {os.getpid()}"
     with deploy_lock(core_api, namespace, service, holder, target.timeout_s + LOCK_SLACK_S):
         _publish(Path(mar), model_name, version, location)
-        served = apply(manifest, target.timeout_s, api, target.poll_s)
+        api = api or custom_objects_api()
+        how = canary_reason(target.canary, read_inference_service(api, namespace, service), model_uri)
+        if how:
+            served = apply(manifest, target.timeout_s, api, target.poll_s)
+        else:
+            served, how = roll_out_canary(api, namespace, service, manifest, target.canary, model_name, version,
+                                          target.timeout_s, target.poll_s)
         if target.annotations:
             entry = {**target.annotations, STORAGE_URI_KEY: model_uri,
                      REVISION_KEY: revision_entry(manifest, OWNED_ANNOTATIONS)}
             record_served(core_api, namespace, service, entry, f"version {version} ({model_uri})")
-    return Deployment(location, manifest, (served.get("status") or {}).get("url", ""))
+    return Deployment(location, manifest, (served.get("status") or {}).get("url", ""), how)
 
 
 def target_manifest(target: KServeTarget, model_name: str, version: str, model_uri: str, namespace: str) -> dict:

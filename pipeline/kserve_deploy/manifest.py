@@ -42,6 +42,9 @@ SCALE_TARGET, MIN_REPLICAS, MAX_REPLICAS = 16, 1, 4
 #: serviceAnnotationDisallowedList, kserve pkg/constants at v0.15.2). Raw deployment mode ignores them and keeps
 #: KServe's HPA on CPU; spec.scaleTarget would instead be read there as a CPU percentage.
 KNATIVE_TARGET, KNATIVE_METRIC = "autoscaling.knative.dev/target", "autoscaling.knative.dev/metric"
+#: Tag routing (kserve pkg/constants EnableRoutingTagAnnotationKey): a canary revision gets its own URL, tag
+#: `latest`, and the revision it is measured against the tag `prev` (pipeline.kserve_deploy.canary).
+TAG_ROUTING = "serving.kserve.io/enable-tag-routing"
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ def inference_service(name: str, namespace: str, storage_uri: str, protocol: str
                      "labels": {"app.kubernetes.io/name": model_name, "app.kubernetes.io/version": version}},
         "spec": {"predictor": predictor},
     }
-    manifest["metadata"]["annotations"] = {**scaling.annotations(), **(annotations or {})}
+    manifest["metadata"]["annotations"] = {**scaling.annotations(), TAG_ROUTING: "true", **(annotations or {})}
     try:
         validate(manifest)
     except ManifestError as exc:

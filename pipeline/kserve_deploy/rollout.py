@@ -11,7 +11,7 @@ from ..releases import RAW_MODE_NAMES
 from .api import (CONFLICT_ATTEMPTS, GROUP, PLURAL, VERSION, api_error, apps_v1_api, call, custom_objects_api,
                   read_inference_service)
 from .errors import KServeError
-from .manifest import KNATIVE_METRIC, KNATIVE_TARGET
+from .manifest import KNATIVE_METRIC, KNATIVE_TARGET, TAG_ROUTING
 
 
 def _predictor_status(obj: dict) -> dict:
@@ -34,7 +34,7 @@ def merge_diff(current: Any, target: Any) -> Any:
     return patch
 
 
-def _patch(api: Any, namespace: str, name: str, make: Any, existing: dict | None = None) -> tuple[dict, dict]:
+def patch_isvc(api: Any, namespace: str, name: str, make: Any, existing: dict | None = None) -> tuple[dict, dict]:
     """Merge-patch the InferenceService with `make(existing)`, carrying the resourceVersion it was made from, so
     a write in between answers 409: then re-read and re-make (bounded). Returns (object patched, result)."""
     from kubernetes.client.exceptions import ApiException
@@ -54,18 +54,19 @@ def _patch(api: Any, namespace: str, name: str, make: Any, existing: dict | None
     raise AssertionError("unreachable")
 
 
-#: The InferenceService annotations deploy writes (the autoscaling target Knative reads from its revision):
-#: patched with the spec, and put back with it when the rollout fails. Others (the user's, KServe's) are left alone.
-OWNED_ANNOTATIONS = (KNATIVE_TARGET, KNATIVE_METRIC)
+#: The InferenceService annotations deploy writes (the autoscaling target Knative reads from its revision, tag routing
+#: that gives a canary its own URL): patched with the spec, and put back with it when the rollout fails. Others (the
+#: user's, KServe's) are left alone.
+OWNED_ANNOTATIONS = (KNATIVE_TARGET, KNATIVE_METRIC, TAG_ROUTING)
 #: Optional predictor fields the manifest sets only when asked: a patch removes them when no longer asked.
-OPTIONAL_PREDICTOR_KEYS = ("serviceAccountName", "imagePullSecrets")
+OPTIONAL_PREDICTOR_KEYS = ("serviceAccountName", "imagePullSecrets", "canaryTrafficPercent")
 #: The model container's probes: a JSON merge patch merges objects key by key, so a probe whose handler changed
 #: (an older release's tcpSocket readiness, now httpGet) would keep the old handler beside the new one, and KServe's
 #: pod would carry two. The patch names what the probe no longer has as null.
 PROBE_KEYS = ("readinessProbe", "livenessProbe", "startupProbe")
 
 
-def _deploy_patch(manifest: dict, existing: dict) -> dict:
+def deploy_patch(manifest: dict, existing: dict) -> dict:
     spec = copy.deepcopy(manifest["spec"])
     old = (existing.get("spec") or {}).get("predictor") or {}
     for key in OPTIONAL_PREDICTOR_KEYS:
@@ -90,7 +91,7 @@ def owned_annotations_patch(current: dict, wanted: dict[str, str]) -> dict[str, 
     return {key: wanted.get(key) for key in OWNED_ANNOTATIONS if now.get(key) != wanted.get(key)}
 
 
-def _revert_patch(before: dict) -> Any:
+def revert_patch(before: dict) -> Any:
     def make(current: dict) -> dict:
         patch = merge_diff({"labels": current["metadata"].get("labels") or {}, "spec": current.get("spec") or {}},
                             {"labels": before["metadata"].get("labels") or {}, "spec": before.get("spec") or {}})
@@ -190,15 +191,15 @@ def deployment_state(apps: Any, namespace: str, name: str) -> tuple[str, str]:
 
 
 def wait_ready(api: Any, namespace: str, name: str, before: dict | None, timeout_s: float,
-               poll_s: float = 5.0, apps_api: Any = None) -> dict:
-    """Poll until the newest spec serves (rollout_state, and deployment_state in raw mode); KServeError on a
-    failed revision or at the deadline."""
+               poll_s: float = 5.0, apps_api: Any = None, state_of: Any = rollout_state) -> dict:
+    """Poll until the newest spec serves (`state_of`: rollout_state, and deployment_state in raw mode); KServeError
+    on a failed revision or at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
         obj = read_inference_service(api, namespace, name)
         if obj is None:
             raise KServeError(f"InferenceService {namespace}/{name} disappeared while rolling out")
-        state, why = rollout_state(obj, before)
+        state, why = state_of(obj, before)
         if state == "served" and is_raw(obj):
             apps_api = apps_api or apps_v1_api()
             state, why = deployment_state(apps_api, namespace, name)
@@ -232,7 +233,7 @@ def roll_out(api: Any, namespace: str, name: str, make: Any, timeout_s: float, p
         # The object as first read stays the baseline: when a write is stored but its answer lost, the retry's
         # 409 re-read already holds the new spec, and comparing with it would hide the change.
         original = before
-        before, patched = _patch(api, namespace, name, make, before)
+        before, patched = patch_isvc(api, namespace, name, make, before)
         before = original or before
     except ApiException as exc:
         raise KServeError(f"{where}: {api_error(exc)}") from None
@@ -245,7 +246,7 @@ def roll_out(api: Any, namespace: str, name: str, make: Any, timeout_s: float, p
         if changed:
             old = served_storage_uri(before) or "its previous spec"
             try:
-                _patch(api, namespace, name, _revert_patch(before))
+                patch_isvc(api, namespace, name, revert_patch(before))
             except (ApiException, KServeError) as revert:
                 detail = api_error(revert) if isinstance(revert, ApiException) else str(revert)
                 raise KServeError(f"{failure}; putting the spec back on {old} failed too ({detail}): the spec names "
@@ -260,5 +261,5 @@ def apply(manifest: dict, timeout_s: float = 600.0, api: Any = None, poll_s: flo
     """Create the InferenceService, or merge-patch the existing one, then wait until the new spec serves."""
     api = api or custom_objects_api()
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    return roll_out(api, namespace, name, lambda existing: _deploy_patch(manifest, existing), timeout_s, poll_s,
+    return roll_out(api, namespace, name, lambda existing: deploy_patch(manifest, existing), timeout_s, poll_s,
                     create=manifest)

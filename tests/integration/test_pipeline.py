@@ -497,9 +497,11 @@ def test_kserve_component_dry_run_with_kfp_local(mar, tmp_path):
                                                                     DEFAULTS["kserve_max_replicas"])
     defaults = {name: p.default for name, p in inspect.signature(deploy_kserve.python_func).parameters.items()}
     assert (defaults["serving_runtime"], defaults["min_replicas"], defaults["max_replicas"], defaults["scale_target"],
-            defaults["watch_timeout_s"]) == (DEFAULTS["serving_runtime"], DEFAULTS["kserve_min_replicas"],
-                                             DEFAULTS["kserve_max_replicas"], DEFAULTS["kserve_scale_target"],
-                                             DEFAULTS["kserve_watch_timeout"])
+            defaults["watch_timeout_s"], defaults["canary_percent"], defaults["canary_window_s"],
+            defaults["prometheus_url"]) == (
+        DEFAULTS["serving_runtime"], DEFAULTS["kserve_min_replicas"], DEFAULTS["kserve_max_replicas"],
+        DEFAULTS["kserve_scale_target"], DEFAULTS["kserve_watch_timeout"], DEFAULTS["kserve_canary_percent"],
+        DEFAULTS["kserve_canary_window"], DEFAULTS["kserve_prometheus_url"])
     assert manifest["metadata"]["labels"]["app.kubernetes.io/version"] == "2.0"
 
 

@@ -21,6 +21,9 @@ depends on it:
   RawDeployment: the webhook's deploymentMode annotation, 0.13's status (latestCreatedRevision is the
   Deployment's revision, Ready is its Available, True while old pods run), and the predictor Deployment at
   apps/v1 (a rolling update; a failed revision ends in ProgressDeadlineExceeded).
+- Serverless traffic as KServe and Knative split it (support.kserve_traffic): canaryTrafficPercent against the
+  latest rolled-out revision, tag routing (`latest`, `prev`, each with its URL), the rolled-out revisions in status;
+  changing canaryTrafficPercent alone makes no revision.
 - KServe's composition: a spec that names the shipped ClusterServingRuntime (deploy/kserve/servingruntime.yaml)
   is merged with it as KServe merges them and checked as Knative's webhook (serverless) or the API server (the
   raw Deployment) would (support.kserve_compose). A pod they would refuse makes no revision at all: KServe's
@@ -51,6 +54,7 @@ from typing import Any
 import yaml
 from support.http import send_json
 from support.kserve_compose import KNATIVE, RAW, ComposeError, compose, pod_errors
+from support.kserve_traffic import ksvc_traffic, propagate, route_traffic
 
 from pipeline.releases import RAW_MODE_NAMES
 from settings import REPO
@@ -124,6 +128,8 @@ class KubernetesStandin:
         self.forbidden = False
         self.objects: dict[tuple[str, str, str], dict] = {}  # (resource, namespace, name) -> object
         self.revisions: dict[tuple[str, str], list[dict]] = {}  # InferenceService -> its revisions, oldest first
+        #: InferenceService -> KServe's {"latest", "previous"} rolled-out revision (support.kserve_traffic.propagate)
+        self.rolled_out: dict[tuple[str, str], dict[str, str]] = {}
         self.requests: list[dict] = []
         self._faults: list[dict] = []
         self._versions = itertools.count(1)
@@ -160,9 +166,13 @@ class KubernetesStandin:
     # ------------------------------------------------------------------ KServe's controller
 
     def _template(self, obj: dict) -> Any:
+        """What a revision is made from: canaryTrafficPercent sets the Knative Service's traffic, not its template
+        (createKnativeService), so changing only it makes no revision."""
         meta = obj["metadata"]
         notes = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in NOT_PROPAGATED}
-        return [obj.get("spec"), meta.get("labels") or {}, notes]
+        spec = copy.deepcopy(obj.get("spec") or {})
+        (spec.get("predictor") or {}).pop("canaryTrafficPercent", None)
+        return [spec, meta.get("labels") or {}, notes]
 
     def _refusal(self, obj: dict) -> str:
         """Why KServe could not make this spec's predictor pod from the shipped runtime it names (either of
@@ -194,7 +204,7 @@ class KubernetesStandin:
                           "storageUri": ((obj.get("spec") or {}).get("predictor") or {}).get("model", {})
                           .get("storageUri")})
 
-    def _status(self, key: tuple[str, str]) -> dict:
+    def _status(self, key: tuple[str, str], obj: dict) -> dict:
         now = time.monotonic()
         created = [r for r in self.revisions.get(key, []) if now >= r["created_at"]]
         if not created:
@@ -226,24 +236,51 @@ class KubernetesStandin:
                                   "components": {"predictor": predictor}}
         if ready:
             predictor["latestReadyRevision"] = ready[-1]["name"]
-            predictor["traffic"] = [{"revisionName": ready[-1]["name"], "percent": 100, "latestRevision": True}]
+            rolled = self.rolled_out.get(key, {})
+            spec = (obj.get("spec") or {}).get("predictor") or {}
+            targets = ksvc_traffic(spec.get("canaryTrafficPercent"), obj["metadata"].get("annotations") or {},
+                                   rolled.get("latest", ""))
+            traffic = route_traffic(targets, ready[-1]["name"], {r["name"] for r in ready}, f"{key[1]}-predictor",
+                                    key[0])
+            if traffic is None:  # Knative keeps the route as it was
+                traffic = ((obj.get("status") or {}).get("components") or {}).get("predictor", {}).get("traffic", [])
+            predictor["traffic"] = traffic
+            rolled = self.rolled_out[key] = propagate(rolled, traffic, ready[-1]["name"], latest["name"])
+            predictor.update({f"{which}RolledoutRevision": name for which, name in rolled.items() if name})
             status["url"] = predictor["url"] = f"http://{key[1]}.{key[0]}.example.com"
         return status
+
+    def serving(self, namespace: str, name: str) -> dict[str, int]:
+        """{revision name: percent of traffic} as the route now splits it (serverless)."""
+        traffic = (((self.isvc(namespace, name).get("status") or {}).get("components") or {}).get("predictor")
+                   or {}).get("traffic") or []
+        out: dict[str, int] = {}
+        for target in traffic:
+            out[target["revisionName"]] = out.get(target["revisionName"], 0) + target["percent"]
+        return out
 
     def _reconcile(self) -> None:
         """What the controller would have written by now: status changes, each a write (new resourceVersion)."""
         for (resource, namespace, name), obj in self.objects.items():
             if resource == "inferenceservices":
-                status = self._status((namespace, name))
+                status = self._status((namespace, name), obj)
                 if status != obj.get("status"):
                     obj["status"] = status
                     obj["metadata"]["resourceVersion"] = str(next(self._versions))
 
     def served_storage_uri(self, namespace: str, name: str) -> str | None:
-        """The storageUri of the newest ready revision, where traffic goes (a real cluster shows it only in pods)."""
+        """The storageUri of the revision that takes the most traffic (serverless; the newest on a tie) or the newest
+        ready one (raw): what callers get (a real cluster shows it only in pods)."""
         now = time.monotonic()
         ready = [r for r in self.revisions.get((namespace, name), []) if now >= r["done_at"] and not r["fails"]]
-        return ready[-1]["storageUri"] if ready else None
+        if not ready:
+            return None
+        shares = self.serving(namespace, name) if self.mode not in RAW_MODE_NAMES else {}
+        return max(reversed(ready), key=lambda r: shares.get(r["name"], 0))["storageUri"]
+
+    def storage_of(self, namespace: str, name: str, revision: str) -> str:
+        """The storageUri revision `revision` of InferenceService `name` was made from."""
+        return next(r["storageUri"] for r in self.revisions[(namespace, name)] if r["name"] == revision)
 
     def _deployment(self, namespace: str, name: str) -> dict | None:
         """The predictor Deployment of raw mode: one replica, rolled by surge (the old pod runs until the new one

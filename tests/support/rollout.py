@@ -11,7 +11,7 @@ from support.k8s_standin import KubernetesStandin, write_kubeconfig
 
 from pipeline import kserve_deploy
 from pipeline.gate import annotations_for
-from pipeline.kserve_deploy import KServeTarget, deploy
+from pipeline.kserve_deploy import Canary, KServeTarget, deploy
 
 TOKEN = "runner-token"
 
@@ -45,9 +45,10 @@ def archive(tmp_path) -> Path:
 
 
 def target(version: str, accuracy: float, **options) -> KServeTarget:
+    """All at once unless `canary` is given (tests/integration/test_kserve_canary.py rolls out canaries)."""
     notes = annotations_for(accuracy, 0.9, version, "ab" * 32, f"run-{version}")
     return KServeTarget(**{"storage_uri": "pvc://models/embedding", "namespace": "models", "annotations": notes,
-                           "poll_s": 0.01, "timeout_s": 5, **options})
+                           "poll_s": 0.01, "timeout_s": 5, "canary": Canary(0), **options})
 
 
 def deploy_version(archive: Path, version: str, accuracy: float, **options) -> kserve_deploy.Deployment:
