@@ -20,6 +20,7 @@ import pytest
 from support.containers import (build_images, client_pythons, engine_or_reason, post, start_predictor,
                                 wait_for_probe)
 from support.imagegen import png_bytes
+from support.istio_ingress import BAD_FORMAT, DENIED, kubeflow_grpc_ingress
 
 from handler.v2_schema import V2_EMBEDDING_OUTPUTS, V2_ERROR_OUTPUT, V2_OUTPUTS
 from pipeline.kserve_deploy import inference_service, stage_layout
@@ -29,6 +30,7 @@ ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
 
 PROBE = Path(__file__).resolve().parents[1] / "support" / "grpc_probe.py"
+INGRESS_PROBE = PROBE.with_name("grpc_ingress_probe.py")
 CLIENTS = sorted(p.stem for p in (REPO / "requirements" / "clients").glob("kserve-*.txt"))
 TYPED = ("label", "distance", "confidence", "unknown", "neighbour_labels", "neighbour_distances")
 
@@ -110,3 +112,26 @@ def test_kserve_grpc_client_gets_the_rest_answers_and_the_refusals(client, pytho
         for name in ("distance", "confidence", "neighbour_distances"):
             np.testing.assert_allclose(np.array(got[name], dtype=float), np.array(rest_answer[name], dtype=float),
                                        atol=1e-4, err_msg=f"{case}: {name}")
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_kserve_grpc_client_through_kubeflows_ingress(client, pythons, predictor, digits, rest_answer, tmp_path):
+    """gRPC as docs/kserve.md tells a caller behind Kubeflow's ingress: a Kubeflow JWT as the bearer (checked by
+    the ingress stand-in's RequestAuthentications), the key in x-api-key (checked by the pod). Each wrong call is
+    refused where the docs say, as the gRPC status Envoy maps it to."""
+    _, address, key = predictor
+    given = tmp_path / "digits.json"
+    given.write_text(json.dumps({"pngs": [base64.b64encode(png_bytes(d)).decode() for d in digits]}))
+    with kubeflow_grpc_ingress(address) as (ingress, dex, _):
+        token = dex.token("user@example.com", email="user@example.com", groups=["team"])
+        result = subprocess.run([pythons[client], "-I", str(INGRESS_PROBE), ingress, MODEL_NAME, key, token,
+                                 str(given)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["ready"] is True
+    assert report["labels"] == rest_answer["label"]
+    refusals = report["refusals"]
+    assert refusals["key as the bearer"] == ["UNAUTHENTICATED", BAD_FORMAT]  # Istio: not a JWT
+    assert refusals["nothing"] == refusals["server ready, nothing"] == ["PERMISSION_DENIED", DENIED]  # Istio
+    for case in ("token without the key", "token with a wrong key"):  # past Istio; the pod's own check
+        assert refusals[case][0] == "UNAUTHENTICATED" and "API key" in refusals[case][1], (case, refusals[case])

@@ -15,9 +15,14 @@ Envoy's jwt_authn and RBAC filters apply it:
 - AuthorizationPolicy ``istio-ingressgateway-require-jwt`` (DENY ``notRequestPrincipals: ["*"]`` outside
   ``/dex/*`` and ``/oauth2/*``): a request without a verified JWT gets 403 ``RBAC: access denied``.
 
+gRPC (HTTP/2) gets the same checks on its ``authorization`` metadata (:func:`kubeflow_grpc_ingress`, a grpcio
+proxy that passes each unary call on as bytes). Envoy answers a refused gRPC request with a gRPC status instead of
+an HTTP one, mapped by ``Grpc::Utility::httpToGrpcStatus`` (envoyproxy/envoy source/common/grpc/status.cc): 401
+UNAUTHENTICATED, 403 PERMISSION_DENIED, the message as grpc-message.
+
 Not emulated: the ``istio-ingressgateway-oauth2-proxy`` CUSTOM policy, which sends a browser without an
-``Authorization`` header to oauth2-proxy's login (such a request ends in the 403 here), Dex itself, HTTP/2 (gRPC
-through the ingress), and the VirtualService routing by host (every path goes to the one upstream).
+``Authorization`` header to oauth2-proxy's login (such a request ends in the 403 here), Dex itself, and the
+VirtualService routing by host (every path goes to the one upstream).
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+import grpc
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -187,18 +194,67 @@ class IstioIngress:
 
 
 @contextmanager
-def kubeflow_ingress(upstream: str) -> Iterator[tuple[str, Issuer, Issuer]]:
-    """(the ingress URL, the dex issuer, the cluster's service-account issuer), served until the block ends."""
+def _issuers() -> Iterator[tuple[Issuer, Issuer, str]]:
+    """The dex and service-account issuers and the base URL of their JWKS, served until the block ends."""
     dex, m2m = Issuer(DEX_ISSUER), Issuer(M2M_ISSUER)
     jwks = _Server(None, {f"/{uuid.uuid5(uuid.NAMESPACE_URL, i.name)}": i for i in (dex, m2m)})
-    jwks_base = f"http://127.0.0.1:{jwks.server_address[1]}"
-    ingress = _Server(IstioIngress(upstream, [dex, m2m], jwks_base), None)
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (jwks, ingress)]
-    for thread in threads:
-        thread.start()
+    threading.Thread(target=jwks.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{ingress.server_address[1]}", dex, m2m
+        yield dex, m2m, f"http://127.0.0.1:{jwks.server_address[1]}"
     finally:
-        for server in (ingress, jwks):
-            server.shutdown()
-            server.server_close()
+        jwks.shutdown()
+        jwks.server_close()
+
+
+@contextmanager
+def kubeflow_ingress(upstream: str) -> Iterator[tuple[str, Issuer, Issuer]]:
+    """(the ingress URL, the dex issuer, the cluster's service-account issuer), served until the block ends."""
+    with _issuers() as (dex, m2m, jwks_base):
+        ingress = _Server(IstioIngress(upstream, [dex, m2m], jwks_base), None)
+        threading.Thread(target=ingress.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{ingress.server_address[1]}", dex, m2m
+        finally:
+            ingress.shutdown()
+            ingress.server_close()
+
+
+class _GrpcIngress(grpc.GenericRpcHandler):
+    """Every unary call: the gateway's checks on `authorization`, then the call as bytes to the upstream channel."""
+
+    def __init__(self, ingress: IstioIngress, channel: grpc.Channel) -> None:
+        self.ingress, self.channel = ingress, channel
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        metadata = list(details.invocation_metadata or ())
+
+        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+            refusal, claims = self.ingress.authenticate([v for k, v in metadata if k == "authorization"])
+            if refusal is not None:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
+            if claims is None:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, DENIED)
+            passed = [(k, v) for k, v in metadata if k not in ("kubeflow-userid", "kubeflow-groups", "user-agent")
+                      and not k.startswith(("grpc-", ":"))]
+            try:
+                return self.channel.unary_unary(details.method)(request, metadata=passed + list(claims.items()),
+                                                                timeout=120)
+            except grpc.RpcError as exc:
+                context.abort(exc.code(), exc.details())
+
+        return grpc.unary_unary_rpc_method_handler(handle)
+
+
+@contextmanager
+def kubeflow_grpc_ingress(upstream: str) -> Iterator[tuple[str, Issuer, Issuer]]:
+    """The gRPC side of :func:`kubeflow_ingress` in front of `upstream` (host:port): (its host:port, dex, m2m)."""
+    with _issuers() as (dex, m2m, jwks_base), grpc.insecure_channel(upstream) as channel:
+        server = grpc.server(ThreadPoolExecutor(8), options=[("grpc.max_receive_message_length", 64 << 20)])
+        server.add_generic_rpc_handlers((_GrpcIngress(IstioIngress(f"http://{upstream}", [dex, m2m], jwks_base),
+                                                      channel),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            yield f"127.0.0.1:{port}", dex, m2m
+        finally:
+            server.stop(grace=None)
