@@ -65,6 +65,8 @@ def runtime_properties(model_name: str, version: str, base_config: Path = CONFIG
         "disable_token_authorization": "true",
         "install_py_dep_per_model": "false",
         "model_store": MODEL_STORE_MOUNT,
+        # Nothing but the store KServe downloaded: TorchServe's default lets a registration fetch any URL.
+        "allowed_urls": f"file://{MODEL_STORE_MOUNT}/.*",
         "model_snapshot": json.dumps(model_snapshot(model_name, version, model_config), separators=(",", ":")),
     })
     return props

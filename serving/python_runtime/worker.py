@@ -97,7 +97,8 @@ async def serve(plan: Plan, cores: dict[str, HandlerCore], metrics: RuntimeMetri
             logger.error("%s", exc)
             await runner.cleanup()
             return 2
-    logger.info("listening on %s:%d%s", plan.http_host, plan.http_port,
+    # "READY: model <name> answers": the line the runbooks grep for, as the TorchServe image's gateway writes it.
+    logger.info("READY: model %s answers: listening on %s:%d%s", plan.model, plan.http_host, plan.http_port,
                 f" (Open Inference gRPC on {plan.grpc_port})" if grpc_server is not None else "")
     parent = asyncio.ensure_future(watch_parent(signals))
     await signals.stop.wait()

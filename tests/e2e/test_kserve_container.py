@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shlex
 import subprocess
 import time
 import urllib.request
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import yaml
 from support.containers import (build_images, engine_or_reason, http_get, post, predictor_limits, start_predictor,
                                 wait_for_probe)
 from support.imagegen import png_bytes
@@ -38,6 +40,7 @@ from handler.service import EmbeddingService
 from pipeline.kserve_deploy import KServeTarget, deploy
 from pipeline.manifests import quantity
 from serving.runtimes import SERVING_RUNTIMES
+from settings import REPO
 
 ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
@@ -246,14 +249,17 @@ def test_kubectl_logs_shows_readiness_model_loads_and_every_refusal(request, pre
     status, _ = post(predict, {"instances": [{"data": b64(b"\x89PNG\r\n\x1a\n" + b"do-not-log-me" * 8)}]}, key)
     assert status == 400
     assert post(predict, {"instances": [{"data": b64(user_digit_png(canvases[3]))}]}, key)[0] == 200
-    deadline = time.monotonic() + 20
-    while "refused request " not in (log := container.logs()) and time.monotonic() < deadline:
+    started = STARTED_LINES[request.node.callspec.params["predictor"]]
+    deadline = time.monotonic() + 20  # the READY line follows the readiness poll's next turn
+    while not all(w in (log := container.logs()) for w in ("refused request ", *started)) \
+            and time.monotonic() < deadline:
         time.sleep(0.5)
     lines = log.splitlines()
-    for wanted in STARTED_LINES[request.node.callspec.params["predictor"]]:
+    for wanted in started:
         assert any(wanted in line for line in lines), (wanted, log[-3000:])
     assert any("refused request " in line and ": 400 " in line for line in lines), log[-3000:]
     assert "do-not-log-me" not in log and "batch=" not in log
+    assert "can access any URL to load models" not in log  # allowed_urls: the model store only
 
 
 def test_the_predictor_answers_a_burst_under_the_inference_services_limits(predictor, mnt_models, canvases):
@@ -286,6 +292,60 @@ def answered_digest(url: str, key: str, canvas) -> str:
     status, body = post(f"{url}/v1/models/embedding:predict", {"instances": [{"data": b64(png_bytes(canvas))}]}, key)
     assert status == 200, body
     return body["predictions"][0]["model_digest"]
+
+
+#: Alerts whose kserve runbook greps the pod's log, and whether the situation below (a refused request, a model that
+#: came to answer, a model worker killed) produces what the grep looks for. The drift-baseline one needs artifacts
+#: trained before the baseline existed, which this container does not serve.
+RUNBOOK_GREPS = {"EmbeddingRejectedInputsHigh": True, "EmbeddingNoSuccessfulAnswers": True,
+                 "EmbeddingWorkerRestarted": True, "EmbeddingHighErrorRatio": True,
+                 "EmbeddingDriftBaselineMissing": False}
+KILL_WORKER = """
+import os, signal
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if any(a.endswith(b"model_service_worker.py") or a == b"serving.python_runtime.worker" for a in argv):
+        os.kill(int(pid), signal.SIGKILL)
+        print(pid)
+        break
+"""
+
+
+def runbook_greps() -> dict[str, list[str]]:
+    """{alert: the patterns its kserve runbook pipes `kubectl logs` through grep with}."""
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "rules" / "alerts.yml").read_text())
+    out: dict[str, list[str]] = {}
+    for rule in (r for group in rules["groups"] for r in group["rules"] if "alert" in r):
+        for step in rule["annotations"]["runbook_kserve"].split("; "):
+            if " logs " in step and "| grep " in step:
+                words = shlex.split(step.split("| grep ", 1)[1])
+                out.setdefault(rule["alert"], []).append(next(w for w in words if not w.startswith("-")))
+    return out
+
+
+def test_each_runbook_grep_finds_its_line_in_the_pods_log(predictor, canvases):
+    """What the alerts' runbooks tell an operator to grep for in `kubectl logs` is there, in the real container's
+    log, after what the alert is about happened: a refused request, the model answering, a worker killed."""
+    container, url, key, spec = predictor
+    predict = f"{url}/v1/models/embedding:predict"
+    assert post(predict, {"instances": [{"data": b64(b"not an image")}]}, key)[0] == 400
+    assert container.exec_python(KILL_WORKER).strip(), "no model worker found"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the worker comes back (TorchServe's recovery, the python supervisor)
+        time.sleep(1)
+        if post(predict, {"instances": [{"data": b64(png_bytes(canvases[1]))}]}, key)[0] == 200:
+            break
+    wait_for_probe(url, spec["readinessProbe"], 120, container)
+    log = container.logs()
+    greps = runbook_greps()
+    assert set(greps) == set(RUNBOOK_GREPS), "classify each runbook grep in RUNBOOK_GREPS"
+    for alert, patterns in greps.items():
+        for pattern in patterns:
+            found = subprocess.run(["grep", "-E", pattern], input=log, capture_output=True, text=True).stdout
+            assert bool(found) == RUNBOOK_GREPS[alert], (alert, pattern, log[-3000:])
 
 
 @pytest.mark.parametrize("predictor", ["torchserve"], indirect=True)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import yaml
 from support.imagegen import png_bytes
+from support.kserve_compose import KSERVE_CONTAINER
 from serving.samples import user_digit_png
 from PIL import Image, ImageDraw
 
@@ -158,6 +159,7 @@ def test_every_alert_says_what_to_do_locally_and_on_kserve():
     rules = [rule for group in yaml.safe_load((RULES / "alerts.yml").read_text())["groups"]
              for rule in group["rules"] if "alert" in rule]
     assert {rule["alert"] for rule in rules} == ALERTS
+    policy_name = yaml.safe_load((REPO / "deploy" / "kserve" / "networkpolicy.yaml").read_text())["metadata"]["name"]
     for rule in rules:
         local, kserve = rule["annotations"].get("runbook_local", ""), rule["annotations"].get("runbook_kserve", "")
         assert local and kserve, rule["alert"]
@@ -165,6 +167,10 @@ def test_every_alert_says_what_to_do_locally_and_on_kserve():
         assert kserve.startswith("kubectl -n $NS "), (rule["alert"], kserve)
         assert ISVC_PODS in kserve or "inferenceservice embedding" in kserve, (rule["alert"], kserve)
         assert "{{" not in local + kserve  # static text: nothing for the template engine to get wrong
+        # The objects it names are the ones the manifests and KServe make.
+        for name in re.findall(r"get networkpolicy (\S+)", kserve):
+            assert name == policy_name, (rule["alert"], name)
+        assert set(re.findall(r" -c (\S+)", kserve)) <= {KSERVE_CONTAINER}, (rule["alert"], kserve)
 
 
 @pytest.mark.prometheus
