@@ -597,7 +597,8 @@ def test_kserve_rolls_forward_by_patching_the_same_service(mar, tmp_path):
     maps = FakeConfigMaps()
     first = deploy(mar, "embedding", "1.0", target, api=cluster, core_api=maps)
     second = deploy(mar, "embedding", "2.0", target, api=cluster, core_api=maps)
-    assert cluster.calls == ["get", "create", "get", "get", "get", "patch", "get", "get"]
+    # Each deploy reads the service first (a canary or all at once?), then rolls out.
+    assert cluster.calls == ["get", "get", "create", "get", "get", "get", "get", "patch", "get", "get"]
     assert maps.maps["embedding-deployed-model"].data == {}  # the lock each took, given back
     served = cluster.objects["embedding"]
     assert served["spec"]["predictor"]["model"]["storageUri"] == "s3://models/embedding/2.0/"
