@@ -7,8 +7,10 @@ trees asks for it first."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +55,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for marker, fixtures in MARKER_FIXTURES.items():
             if used & fixtures:
                 item.add_marker(marker)
+
+
+#: The background run of support.exam_prefetch: (its output folder, its process), once started.
+_PREFETCH: dict[str, object] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start making the served exams' uploads when the session will run the tests that send them."""
+    if any(item.nodeid.startswith("tests/integration/test_product_quality.py") and "served_endpoint" in item.name
+           for item in session.items):
+        from support.exam_prefetch import start
+
+        out = Path(tempfile.mkdtemp(prefix="exam-prefetch-"))
+        _PREFETCH.update(out=out, process=start(out))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    process, out = _PREFETCH.get("process"), _PREFETCH.get("out")
+    if isinstance(process, subprocess.Popen) and process.poll() is None:
+        process.kill()
+        process.wait()
+    if isinstance(out, Path):
+        shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def exam_items():
+    """exam_items(name) -> the items of support.photo_set's exam `name` for the test's count (made ahead when
+    support.exam_prefetch ran in the background, else here)."""
+    from support.exam_prefetch import count, items
+
+    def get(name: str) -> list:
+        return items(name, count(name), _PREFETCH.get("out"), _PREFETCH.get("process"))
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -19,10 +19,9 @@ import pytest
 
 from handler.answer import Answer
 from serving.samples import held_out_digits, user_digit_png
-from support.photo_set import conditions, phone_exam, photo_exam
+from support.photo_set import conditions
 from support.printed_fonts import printed_digits
 from support.torchserve import serving_client
-from training.data import load_dataset
 
 pytestmark = pytest.mark.serving
 
@@ -68,12 +67,10 @@ def test_printed_digits_through_the_served_endpoint(product_client, record_prope
     assert correct >= PRINTED_TARGET, f"{correct:.3f} of {len(samples)} printed digits correct"
 
 
-def served_exam(client, exam, n: int) -> tuple[list, list[dict]]:
-    """``exam`` (photo_set's photo or phone exam) of ``n`` held-out digits spread over the split, seed 0, and the
-    served answer to each item; no request may fail."""
-    held_out = load_dataset("mnist-sample")
-    pick = np.linspace(0, len(held_out.test_images) - 1, n).astype(int)
-    items = exam(held_out.test_images[pick], held_out.test_labels[pick], seed=0)
+def served_exam(client, items: list) -> tuple[list, list[dict]]:
+    """The exam's items (photo_set's photo or phone exam of held-out digits spread over the split, seed 0: the
+    exam_items fixture) and the served answer to each; no request may fail."""
+    n = len(items)
     answers: list = [None] * n
     for index, answer in client.predict_many([item.body for item in items], concurrency=4):
         answers[index] = answer
@@ -82,11 +79,11 @@ def served_exam(client, exam, n: int) -> tuple[list, list[dict]]:
     return items, answers
 
 
-def test_photographed_and_scanned_digits_through_the_served_endpoint(product_client, record_property):
+def test_photographed_and_scanned_digits_through_the_served_endpoint(product_client, exam_items, record_property):
     """Held-out digits printed on paper, photographed (light, shadow, table, perspective, blur, noise, JPEG) or
     scanned, posted as the phone or scanner wrote them: the digits preprocessing's photo path must read them."""
-    n = int(os.environ.get("PHOTO_EXAM_N", "300"))
-    items, answers = served_exam(product_client, photo_exam, n)
+    items, answers = served_exam(product_client, exam_items("photo_exam"))
+    n = len(items)
     correct = np.array([Answer.from_json(a).nearest_label == str(item.label) for a, item in zip(answers, items)])
     unknown = np.array([bool(a["unknown"]) for a in answers])
     by_condition: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
@@ -104,12 +101,12 @@ def test_photographed_and_scanned_digits_through_the_served_endpoint(product_cli
     assert correct.mean() >= PHOTO_CORRECT_FLOOR and unknown.mean() <= PHOTO_UNKNOWN_CEILING, json.dumps(figures)
 
 
-def test_phone_photos_with_a_sheet_edge_or_a_shadow_boundary_through_the_served_endpoint(product_client,
+def test_phone_photos_with_a_sheet_edge_or_a_shadow_boundary_through_the_served_endpoint(product_client, exam_items,
                                                                                          record_property):
     """The phone exam (tests/support/photo_set.py): sheets that do not fill the frame, shadow boundaries across the
     sheet, both, and the classic photos and scans, with held-out handwriting and unseen printed faces. Figures per
     condition, so a regression shows where it is."""
-    items, answers = served_exam(product_client, phone_exam, int(os.environ.get("PHONE_EXAM_N", "200")))
+    items, answers = served_exam(product_client, exam_items("phone_exam"))
     by_condition: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
     for item, answer in zip(items, answers):
         for key in conditions(item):
