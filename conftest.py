@@ -62,7 +62,12 @@ _PREFETCH: dict[str, object] = {}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start making the served exams' uploads when the session will run the tests that send them."""
+    """Start training the shipped model (when not cached) and making the served exams' uploads when the session
+    will run tests that need them: in the background, while the first tests mostly wait."""
+    if any("product_artifacts" in getattr(item, "fixturenames", ()) for item in session.items):
+        from support.product_model import start_training
+
+        _PREFETCH["training"] = start_training()
     if any(item.nodeid.startswith("tests/integration/test_product_quality.py") and "served_endpoint" in item.name
            for item in session.items):
         from support.exam_prefetch import start
@@ -72,10 +77,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    process, out = _PREFETCH.get("process"), _PREFETCH.get("out")
-    if isinstance(process, subprocess.Popen) and process.poll() is None:
-        process.kill()
-        process.wait()
+    out = _PREFETCH.get("out")
+    for process in (_PREFETCH.get("process"), _PREFETCH.get("training")):
+        if isinstance(process, subprocess.Popen) and process.poll() is None:
+            process.kill()
+            process.wait()
     if isinstance(out, Path):
         shutil.rmtree(out, ignore_errors=True)
 
@@ -162,7 +168,7 @@ def product_artifacts() -> Path:
     """The model the quick start ships (trained once per code change; see support/product_model.py)."""
     from support.product_model import product_artifacts
 
-    return product_artifacts()
+    return product_artifacts(_PREFETCH.get("training"))
 
 
 @pytest.fixture(scope="session")

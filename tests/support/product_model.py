@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from settings import DEFAULT_THREADS, REPO, cache_root
@@ -30,13 +32,41 @@ def cache_key() -> str:
     return digest.hexdigest()[:16]
 
 
-def product_artifacts() -> Path:
-    """The quick start's artifacts, trained once per cache key (atomically published by the training CLI)."""
-    out = cache_root() / "test-models" / cache_key()
+def _out() -> Path:
+    return cache_root() / "test-models" / cache_key()
+
+
+def _training(out: Path, **options: object) -> subprocess.Popen:
+    """The training CLI writing `out`, its stderr in a file (`.log` of the process) that nothing must drain."""
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": str(DEFAULT_THREADS)}
+    log = tempfile.TemporaryFile("w+")
+    process = subprocess.Popen([sys.executable, *COMMAND, "--out", str(out)], cwd=REPO, env=env,
+                               stdout=subprocess.DEVNULL, stderr=log, text=True, **options)
+    process.log = log  # type: ignore[attr-defined]
+    return process
+
+
+def _tail(process: subprocess.Popen) -> str:
+    process.log.seek(0)  # type: ignore[attr-defined]
+    return process.log.read()[-2000:]  # type: ignore[attr-defined]
+
+
+def start_training() -> subprocess.Popen | None:
+    """Train the artifacts in the background (niced) when they are not cached: conftest.py starts this as the
+    session begins, so the minutes of training overlap the first tests instead of following them. None when
+    cached."""
+    out = _out()
+    return None if (out / "metadata.json").is_file() else _training(out, preexec_fn=lambda: os.nice(10))
+
+
+def product_artifacts(background: subprocess.Popen | None = None) -> Path:
+    """The quick start's artifacts, trained once per cache key (atomically published by the training CLI); waits
+    for `background` (start_training) first, and trains here when that did not publish them."""
+    out = _out()
+    if background is not None:
+        background.wait(timeout=1800)
     if not (out / "metadata.json").is_file():
-        env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": str(DEFAULT_THREADS)}
-        done = subprocess.run([sys.executable, *COMMAND, "--out", str(out)], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=1800)
-        if done.returncode != 0:
-            raise RuntimeError(f"training the product model failed: {done.stderr[-2000:]}")
+        training = _training(out)
+        if training.wait(timeout=1800) != 0:
+            raise RuntimeError(f"training the product model failed: {_tail(training)}")
     return out
