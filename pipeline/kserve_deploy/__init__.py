@@ -35,6 +35,7 @@ from settings import service_name_for
 from .api import (API_ATTEMPTS, API_BACKOFF_S, CONFLICT_ATTEMPTS, GROUP, NAMESPACE_FILE, PLURAL, VERSION, api_client,
                   api_error, apps_v1_api, call, core_v1_api, custom_objects_api, own_namespace,
                   read_inference_service, resolve_namespace)
+from .candidate import checker
 from .canary import Canary, canary_reason, roll_out_canary
 from .claims import check_claim
 from .errors import KServeError
@@ -149,7 +150,9 @@ def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_r
             served = apply(manifest, target.timeout_s, api, target.poll_s)
         else:
             served, how = roll_out_canary(api, namespace, service, manifest, target.canary, model_name, version,
-                                          target.timeout_s, target.poll_s)
+                                          target.timeout_s, target.poll_s,
+                                          check=checker(core_api, namespace, target.api_key_secret, model_name,
+                                                        Path(mar)))
         if target.annotations:
             entry = {**target.annotations, STORAGE_URI_KEY: model_uri,
                      REVISION_KEY: revision_entry(manifest, OWNED_ANNOTATIONS)}

@@ -203,10 +203,12 @@ def promote_patch(_: Any) -> dict:
 
 def roll_out_canary(api: Any, namespace: str, name: str, manifest: dict, canary: Canary, model: str, version: str,
                     timeout_s: float, poll_s: float,
-                    signals: Callable[[str, str, str, float], Signals] | None = None) -> tuple[dict, str]:
+                    signals: Callable[[str, str, str, float], Signals] | None = None,
+                    check: Callable[[str], tuple[str, str]] | None = None) -> tuple[dict, str]:
     """Steps 1-4 of the module's docstring for `manifest` on the existing serverless InferenceService; (the object
     once the candidate serves all traffic, what happened on one line). KServeError when the candidate is taken
-    back, with why and where the traffic is."""
+    back, with why and where the traffic is. `check(the candidate's tag URL)` -> (problem or "", what it
+    checked) runs before the window (pipeline.kserve_deploy.candidate: the model its pods loaded)."""
     from kubernetes.client.exceptions import ApiException
 
     from .api import api_error, read_inference_service
@@ -225,10 +227,12 @@ def roll_out_canary(api: Any, namespace: str, name: str, manifest: dict, canary:
         obj = wait_ready(api, namespace, name, before, timeout_s, poll_s,
                          state_of=lambda o, b: split_state(canary.percent, o, b))
         candidate = _predictor(obj)["latestReadyRevision"]
-        problem = watch(lambda: read_inference_service(api, namespace, name) or {}, candidate, canary.percent,
-                        canary.window_s, poll_s)
+        problem, checked = check(candidate_url(obj)) if check is not None else ("", "")
+        problem = problem or watch(lambda: read_inference_service(api, namespace, name) or {}, candidate,
+                                   canary.percent, canary.window_s, poll_s)
         problems, judged = ([problem], "") if problem else verdict(canary, model, version, stable_version,
                                                                     canary.window_s, signals)
+        judged = "; ".join(filter(None, (checked, judged)))
     except (KServeError, ApiException) as exc:
         problems, judged = [api_error(exc) if isinstance(exc, ApiException) else str(exc).removeprefix(f"{where}: ")], ""
     except KeyboardInterrupt:

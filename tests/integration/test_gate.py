@@ -30,8 +30,9 @@ def test_first_deploy_passes_and_records_once_the_revision_serves(cluster, archi
     deploy_version(archive, "1.0", 0.93)
     made = calls(cluster)
     lock = [("GET", f"{RECORD}/embedding-deployed-model"), ("POST", RECORD)]  # the deploy lock, in the record
-    assert made[:6] == [("GET", f"{BASE}/embedding"),
+    assert made[:7] == [("GET", f"{BASE}/embedding"),
                         ("GET", "/api/v1/namespaces/models/persistentvolumeclaims/models"), *lock,
+                        ("GET", f"{BASE}/embedding"),  # canary or all at once
                         ("GET", f"{BASE}/embedding"), ("POST", BASE)]
     record_write = ("PUT", f"{RECORD}/embedding-deployed-model")
     assert made[-4:] == [("GET", f"{RECORD}/embedding-deployed-model"), record_write,  # the record, then the lock's

@@ -5,18 +5,23 @@ makes the old spec's revision again. The signals' PromQL is evaluated by the rea
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import threading
 import time
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import yaml
+from support.http import send_json
 from support.k8s_standin import KubernetesStandin
 from support.rollout import archive, cluster, pvc, record  # noqa: F401 - fixtures
 from support.rollout import deploy_version
 
-from pipeline.kserve_deploy import Canary, KServeError, canary
+from pipeline.kserve_deploy import Canary, KServeError, candidate, canary
 from pipeline.kserve_deploy.canary import MIN_REQUESTS, Signals, judge, queries
 
 NS, NAME = "models", "embedding"
@@ -202,3 +207,74 @@ def test_the_signal_queries_read_what_the_gateway_and_handler_export(tmp_path):
     path.write_text(yaml.safe_dump(spec))
     result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+class CandidatePod:
+    """The candidate's pods as its tag route reaches them: KServe v1 predict behind the key, answering with the model
+    digest they loaded."""
+
+    def __init__(self, digest: str, key: str) -> None:
+        self.digest, self.key, self.asked = digest, key, []
+        pod = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                pod.asked.append((self.path, self.headers.get("X-API-Key")))
+                if self.headers.get("X-API-Key") != pod.key:
+                    send_json(self, 401, {"error": "missing or wrong API key"})
+                    return
+                send_json(self, 200, {"predictions": [{"label": "7", "model_digest": pod.digest}]})
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def zip_archive(path: Path, metadata: bytes) -> Path:
+    with zipfile.ZipFile(path, "w") as mar:
+        mar.writestr("metadata.json", metadata)
+        mar.writestr("MAR-INF/MANIFEST.json", "{}")
+    return path
+
+
+@pytest.mark.parametrize("answers_with, key_stored, why", [
+    ("the archive's", True, ""),
+    ("another", True, "it answered with model sha256:"),
+    ("the archive's", False, 'cannot read Secret models/mnist-embedding-api-key: 404'),
+])
+def test_the_candidate_is_asked_through_its_own_route_for_the_model_it_loaded(cluster, pvc, tmp_path, monkeypatch,
+                                                                              answers_with, key_stored, why):
+    signals_by_version(monkeypatch, {"1.0": GOOD, "2.0": GOOD})
+    old = zip_archive(tmp_path / "old.mar", b'{"model": "one"}')
+    deploy_version(old, "1.0", 0.9)
+    new = zip_archive(tmp_path / "embedding.mar", b'{"model": "two"}')
+    digest = candidate.archive_digest(new)
+    assert digest == "sha256:" + hashlib.sha256(b'{"model": "two"}').hexdigest()
+    pod = CandidatePod(digest if answers_with == "the archive's" else candidate.archive_digest(old), "the-key")
+    if key_stored:
+        cluster.add_secret(NS, "mnist-embedding-api-key", {"api-key": "the-key"})
+    routes = []
+    monkeypatch.setattr(candidate, "in_cluster_url", lambda url, ns: routes.append((url, ns)) or pod.url)
+    if not why:
+        result = deploy_version(new, "2.0", 0.91, **with_canary(20))
+        assert "its own route answered with the archive's model sha256:" in result.rollout
+        assert routes == [(f"http://latest-{NAME}-predictor.{NS}.example.com", NS)]
+        assert pod.asked == [(f"/v1/models/{NAME}:predict", "the-key")]
+        assert cluster.serving(NS, NAME) == {f"{NAME}-predictor-00002": 100}
+        return
+    with pytest.raises(KServeError, match="not promoted") as failed:
+        deploy_version(new, "2.0", 0.91, **with_canary(20))
+    assert why in str(failed.value)
+    assert cluster.served_storage_uri(NS, NAME) == "pvc://models/embedding/1.0"
+
+
+def test_the_in_cluster_route_of_a_tag_is_its_knative_service():
+    assert candidate.in_cluster_url("http://latest-embedding-predictor.models.example.com", "models") == (
+        "http://latest-embedding-predictor.models.svc.cluster.local")

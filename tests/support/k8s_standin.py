@@ -6,7 +6,7 @@ depends on it:
 - InferenceServices (serving.kserve.io/v1beta1, a CRD with the status subresource): GET, POST, PUT and PATCH
   as `application/merge-patch+json` (RFC 7386) or `application/json-patch+json` (RFC 6902). Other patch types
   answer 415: the API server has no strategic merge patch for custom resources. ConfigMaps: GET, POST, PUT.
-  PersistentVolumeClaims: GET (tests add them with `add_pvc`).
+  PersistentVolumeClaims and Secrets: GET (tests add them with `add_pvc`, `add_secret`).
 - metadata.generation rises when spec changes, never on a metadata-only change; metadata.resourceVersion
   rises on every write, the controller's status writes included. A PUT, or a patch, that carries a stale
   metadata.resourceVersion answers 409 Conflict; a PUT of a custom resource without one answers 422. Status
@@ -29,7 +29,8 @@ depends on it:
   raw Deployment) would (support.kserve_compose). A pod they would refuse makes no revision at all: KServe's
   write of the Knative Service or the Deployment is refused, its reconcile fails and the status stays where it
   was. The reasons are kept in `refused`.
-- RBAC: only the verbs the Role in deploy/kubeflow/rbac.yaml grants, in its namespace, else 403 (`forbidden`
+- RBAC: only the verbs the Role in deploy/kubeflow/rbac.yaml grants (on its resourceNames where it names them), in
+  its namespace, else 403 (`forbidden`
   refuses everything); 401 for a wrong token.
 - Faults on demand: `fail_next(method, resource, code)` answers the next matching request with that code;
   `lose_answer_next(method, resource)` stores the next write but answers 504;
@@ -41,6 +42,7 @@ Every request is recorded in `requests`.
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import json
@@ -63,7 +65,7 @@ from serving.runtimes import SERVING_RUNTIMES
 ISVC = ("serving.kserve.io", "inferenceservices")
 PATH = re.compile(r"^/(?:apis/(?P<group>[^/]+)/(?P<version>[^/]+)|api/(?P<core>v1))/namespaces/(?P<namespace>[^/]+)/"
                   r"(?P<resource>[^/?]+)(?:/(?P<name>[^/?]+))?(?:\?.*)?$")
-SERVED = {ISVC: "v1beta1", ("", "configmaps"): "v1", ("", "persistentvolumeclaims"): "v1",
+SERVED = {ISVC: "v1beta1", ("", "configmaps"): "v1", ("", "persistentvolumeclaims"): "v1", ("", "secrets"): "v1",
           ("apps", "deployments"): "v1"}
 #: KServe's default serviceAnnotationDisallowedList (pkg/constants): annotations not copied to revisions.
 NOT_PROPAGATED = ("autoscaling.knative.dev/min-scale", "autoscaling.knative.dev/max-scale",
@@ -137,6 +139,12 @@ class KubernetesStandin:
         self._server: ThreadingHTTPServer | None = None
 
     # ------------------------------------------------------------------ test controls
+
+    def add_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+        self.objects[("secrets", namespace, name)] = {
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": encoded,
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(next(self._versions))}}
 
     def add_pvc(self, namespace: str, name: str, access_modes: list[str], bound: bool = True) -> None:
         pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -310,11 +318,12 @@ class KubernetesStandin:
 
     # ------------------------------------------------------------------ the API
 
-    def _allowed(self, verb: str, group: str, resource: str, namespace: str) -> bool:
+    def _allowed(self, verb: str, group: str, resource: str, namespace: str, name: str | None) -> bool:
         if self.forbidden or namespace != self.role["metadata"]["namespace"]:
             return False
         return any(group in rule.get("apiGroups", []) and resource in rule.get("resources", [])
-                   and verb in rule.get("verbs", []) for rule in self.role["rules"])
+                   and verb in rule.get("verbs", []) and name in rule.get("resourceNames", [name])
+                   for rule in self.role["rules"])
 
     def _fault(self, method: str, resource: str) -> dict | None:
         for fault in self._faults:
@@ -347,7 +356,7 @@ class KubernetesStandin:
             return 404, _status(404, "NotFound", f"the server could not find the requested resource ({path})")
         kind = f"{resource}.{group}" if group else resource
         verb = VERBS[method] if name or method != "GET" else "list"
-        if not self._allowed(verb, group, resource, namespace):
+        if not self._allowed(verb, group, resource, namespace, name):
             return 403, _status(403, "Forbidden", f'{kind} "{name or ""}" is forbidden: User '
                                 f'"system:serviceaccount:kubeflow:pipeline-runner" cannot {verb} resource '
                                 f'"{resource}" in API group "{group}" in the namespace "{namespace}"')
