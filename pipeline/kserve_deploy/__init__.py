@@ -142,7 +142,10 @@ def deploy(mar: Path, model_name: str, version: str, target: KServeTarget, dry_r
     core_api = core_api or core_v1_api()
     check_claim(core_api, model_uri, location, namespace)
     holder = target.lock_holder or f"{socket.gethostname()} pid {os.getpid()}"
-    with deploy_lock(core_api, namespace, service, holder, target.timeout_s + LOCK_SLACK_S):
+    # A canary waits up to four times (split, then promote; or take back: the old spec, then the last step) and
+    # watches its window: the lock must outlast all of it.
+    rollout_s = 4 * target.timeout_s + target.canary.window_s if target.canary.percent else target.timeout_s
+    with deploy_lock(core_api, namespace, service, holder, rollout_s + LOCK_SLACK_S):
         _publish(Path(mar), model_name, version, location)
         api = api or custom_objects_api()
         how = canary_reason(target.canary, read_inference_service(api, namespace, service), model_uri)
