@@ -30,7 +30,6 @@ ENGINE, WHY_NOT = engine_or_reason()
 pytestmark = [pytest.mark.containers, pytest.mark.skipif(ENGINE is None, reason=WHY_NOT)]
 
 PROBE = Path(__file__).resolve().parents[1] / "support" / "grpc_probe.py"
-INGRESS_PROBE = PROBE.with_name("grpc_ingress_probe.py")
 CLIENTS = sorted(p.stem for p in (REPO / "requirements" / "clients").glob("kserve-*.txt"))
 TYPED = ("label", "distance", "confidence", "unknown", "neighbour_labels", "neighbour_distances")
 
@@ -124,8 +123,8 @@ def test_kserve_grpc_client_through_kubeflows_ingress(client, pythons, predictor
     given.write_text(json.dumps({"pngs": [base64.b64encode(png_bytes(d)).decode() for d in digits]}))
     with kubeflow_grpc_ingress(address) as (ingress, dex, _):
         token = dex.token("user@example.com", email="user@example.com", groups=["team"])
-        result = subprocess.run([pythons[client], "-I", str(INGRESS_PROBE), ingress, MODEL_NAME, key, token,
-                                 str(given)], capture_output=True, text=True, timeout=300)
+        result = subprocess.run([pythons[client], "-I", str(PROBE), ingress, MODEL_NAME, key, str(given), token],
+                                capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["ready"] is True

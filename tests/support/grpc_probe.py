@@ -3,11 +3,15 @@
 Runs inside a KServe client virtual environment (scripts/client-venvs.sh), never the project's: it imports only
 kserve, grpc and numpy. Usage:
 
-    python -I grpc_probe.py HOST:PORT MODEL KEY INPUT.json
+    python -I grpc_probe.py HOST:PORT MODEL KEY INPUT.json [JWT]
 
 INPUT.json: {"pngs": [base64 PNG, ...], "pixels": [[28 x 28 uint8], ...]} (the same digits). Prints
 {"version", "checks": {...}, "metadata": {"inputs": [...], "outputs": [[name, datatype, shape], ...]},
 "refusals": {case: [status code name, details]}, "cases": {case: {typed output: values}}}.
+
+With JWT, HOST:PORT is Kubeflow's ingress (support.istio_ingress) and the calls are made as docs/kserve.md tells a
+caller there: the Kubeflow token as `authorization: Bearer`, the key in `x-api-key`. Prints {"version", "ready",
+"labels": [...], "refusals": {case: [status code name, details]}}.
 """
 
 from __future__ import annotations
@@ -31,11 +35,55 @@ def _plain(array: np.ndarray) -> list:
     return np.where(np.isnan(array), None, array).tolist() if array.dtype.kind == "f" else array.tolist()
 
 
+async def refused(call) -> list:
+    try:
+        await call
+    except grpc.aio.AioRpcError as exc:
+        return [exc.code().name, exc.details()]
+    return ["OK", ""]
+
+
+def through_ingress(address: str, model: str, key: str, token: str, pngs: list[bytes]) -> dict:
+    from kserve import InferenceGRPCClient, InferInput, InferRequest
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+
+    both = (("authorization", f"Bearer {token}"), ("x-api-key", key))
+
+    def infer_request() -> InferRequest:
+        tensor = InferInput("image", [len(pngs)], "BYTES")
+        tensor.set_data_from_numpy(np.array(pngs, dtype=np.object_), binary_data=True)
+        return InferRequest(model, [tensor])
+
+    async def run() -> dict:
+        client = InferenceGRPCClient(address, timeout=60, channel_args=[("grpc.enable_retries", 0)])
+        stub = client._client_stub
+        try:
+            ready = await stub.ModelReady(pb.ModelReadyRequest(name=model), metadata=both)
+            response = await client.infer(infer_request(), headers=both)
+            labels = _plain(response.get_output_by_name("label").as_numpy())
+            cases = {"key as the bearer": (("authorization", f"Bearer {key}"),),
+                     "token without the key": (("authorization", f"Bearer {token}"),),
+                     "token with a wrong key": (("authorization", f"Bearer {token}"), ("x-api-key", "wrong")),
+                     "nothing": ()}
+            refusals = {case: await refused(client.infer(infer_request(), headers=headers))
+                        for case, headers in cases.items()}
+            refusals["server ready, nothing"] = await refused(stub.ServerReady(pb.ServerReadyRequest()))
+        finally:
+            await client.close()
+        return {"ready": ready.ready, "labels": labels, "refusals": refusals}
+
+    return asyncio.run(run())
+
+
 def main() -> None:
     from kserve import InferenceGRPCClient, InferInput, InferRequest, InferResponse
     from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
     address, model, key, inputs = sys.argv[1:5]
+    if len(sys.argv) > 5:
+        pngs = [base64.b64decode(p) for p in json.loads(open(inputs).read())["pngs"]]
+        print(json.dumps({**through_ingress(address, model, key, sys.argv[5], pngs), "version": version("kserve")}))
+        return
     given = json.loads(open(inputs).read())
     pngs = [base64.b64decode(p) for p in given["pngs"]]
     pixels = np.array(given["pixels"], dtype=np.uint8)
@@ -46,13 +94,6 @@ def main() -> None:
         tensor = InferInput(name, shape, datatype)
         tensor.set_data_from_numpy(data, binary_data=raw)  # raw: raw_input_contents, else typed contents
         return InferRequest(model_name, [tensor])
-
-    async def refused(call) -> list:
-        try:
-            await call
-        except grpc.aio.AioRpcError as exc:
-            return [exc.code().name, exc.details()]
-        return ["OK", ""]
 
     async def run() -> dict:
         client = InferenceGRPCClient(address, timeout=60, channel_args=[("grpc.enable_retries", 0)])
