@@ -507,7 +507,8 @@ def test_scaling_params_reach_the_inference_service():
     manifest = inference_service("embedding", "models", "s3://b/e/1.0", "v1", "embedding", "1.0", scaling=scaling)
     assert (manifest["spec"]["predictor"]["minReplicas"], manifest["spec"]["predictor"]["maxReplicas"]) == (0, 6)
     assert manifest["metadata"]["annotations"] == {"autoscaling.knative.dev/metric": "concurrency",
-                                                   "autoscaling.knative.dev/target": "8"}
+                                                   "autoscaling.knative.dev/target": "8",
+                                                   "serving.kserve.io/enable-tag-routing": "true"}
 
 
 # ---------------------------------------------------------------- the serving runtime manifest

@@ -771,7 +771,7 @@ def test_python_runtime_starts_a_killed_worker_again(model_store, layout, tmp_pa
     try:
         wait_ready(url, proc, 120, log)
         deadline = time.monotonic() + 120
-        while "[worker 1] listening" not in log.read_text() or "[worker 0] listening" not in log.read_text():
+        while "[worker 1] READY" not in log.read_text() or "[worker 0] READY" not in log.read_text():
             assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
             time.sleep(0.2)
         workers = {child.cmdline()[-1]: child.pid for child in psutil.Process(proc.pid).children()}  # --index N
@@ -782,7 +782,7 @@ def test_python_runtime_starts_a_killed_worker_again(model_store, layout, tmp_pa
             time.sleep(0.2)
         for _ in range(10):  # the other worker answers meanwhile; the new one joins once loaded
             assert send(url, "/predictions/embedding", key, png, {"Content-Type": "image/png"})[0] == 200
-        while log.read_text().count("[worker 0] listening") < 2:
+        while log.read_text().count("[worker 0] READY") < 2:
             assert time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.2)
         assert stop(proc) == 0
