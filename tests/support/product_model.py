@@ -12,7 +12,6 @@ import importlib.metadata
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from settings import DEFAULT_THREADS, REPO, cache_root
@@ -36,19 +35,9 @@ def _out() -> Path:
     return cache_root() / "test-models" / cache_key()
 
 
-def _training(out: Path, **options: object) -> subprocess.Popen:
-    """The training CLI writing `out`, its stderr in a file (`.log` of the process) that nothing must drain."""
+def _command(out: Path) -> tuple[list[str], dict[str, str]]:
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": str(DEFAULT_THREADS)}
-    log = tempfile.TemporaryFile("w+")
-    process = subprocess.Popen([sys.executable, *COMMAND, "--out", str(out)], cwd=REPO, env=env,
-                               stdout=subprocess.DEVNULL, stderr=log, text=True, **options)
-    process.log = log  # type: ignore[attr-defined]
-    return process
-
-
-def _tail(process: subprocess.Popen) -> str:
-    process.log.seek(0)  # type: ignore[attr-defined]
-    return process.log.read()[-2000:]  # type: ignore[attr-defined]
+    return [sys.executable, *COMMAND, "--out", str(out)], env
 
 
 def start_training() -> subprocess.Popen | None:
@@ -56,7 +45,11 @@ def start_training() -> subprocess.Popen | None:
     session begins, so the minutes of training overlap the first tests instead of following them. None when
     cached."""
     out = _out()
-    return None if (out / "metadata.json").is_file() else _training(out, preexec_fn=lambda: os.nice(10))
+    if (out / "metadata.json").is_file():
+        return None
+    command, env = _command(out)  # its errors show when the fixture trains again after it
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: os.nice(10))
 
 
 def product_artifacts(background: subprocess.Popen | None = None) -> Path:
@@ -66,7 +59,8 @@ def product_artifacts(background: subprocess.Popen | None = None) -> Path:
     if background is not None:
         background.wait(timeout=1800)
     if not (out / "metadata.json").is_file():
-        training = _training(out)
-        if training.wait(timeout=1800) != 0:
-            raise RuntimeError(f"training the product model failed: {_tail(training)}")
+        command, env = _command(out)
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"training the product model failed: {done.stderr[-2000:]}")
     return out
