@@ -13,6 +13,7 @@ Imports only the standard library until it compiles, so loading stubs stays chea
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.metadata
 import json
@@ -103,14 +104,25 @@ def generate(stubs: StubPackage, sources: Mapping[str, bytes], stamp: Mapping[st
             os.rename(target, work / "old")
         except FileNotFoundError:  # none there, or another process moved them aside first
             pass
-        try:
-            os.rename(built, target)
-        except OSError:
-            if not target.is_dir():  # not a lost race with another process: a real failure
-                raise
+        _install(built, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def _install(built: Path, target: Path, attempts: int = 20) -> None:
+    """Rename `built` to `target`. A target already there is another process's equal result (a lost race); one
+    that vanished between the failed rename and the check was moved aside by a third process: try again."""
+    for _ in range(attempts):
+        try:
+            os.rename(built, target)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            if target.is_dir():
+                return
+    raise OSError(errno.EBUSY, f"{target} kept changing while {built} was put in its place")
 
 
 def command(prog: str, what: str, location: Path, current: Callable[[], bool], make: Callable[[], Path],

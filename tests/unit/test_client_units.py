@@ -295,6 +295,35 @@ def test_stub_generation_is_atomic_safe_to_race_and_replaces_stale_stubs(tmp_pat
     assert f"from {protos.PACKAGE} import inference_pb2" in (target / "inference_pb2_grpc.py").read_text()
 
 
+def test_stub_install_survives_a_third_process_moving_the_stubs_aside_mid_race(tmp_path, monkeypatch):
+    """The interleaving CI once hit with three generators: this one's rename fails because another's stubs are
+    there, and before it looks, a third has moved them aside to put its own in. It must try again, not fail."""
+    import grpc_codegen
+
+    target = tmp_path / "_grpc"
+    target.mkdir()
+    (target / "other.py").write_text("")
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "mine.py").write_text("")
+    real_rename = os.rename
+    calls = []
+
+    def rename(src, dst):
+        calls.append((Path(src).name, Path(dst).name))
+        if len(calls) == 1:
+            try:
+                real_rename(src, dst)
+            finally:
+                real_rename(target, tmp_path / "aside")  # the third process, between the failure and the check
+        real_rename(src, dst)
+
+    monkeypatch.setattr(grpc_codegen.os, "rename", rename)
+    grpc_codegen._install(built, target)
+    assert calls == [("built", "_grpc"), ("built", "_grpc")]
+    assert [p.name for p in target.iterdir()] == ["mine.py"]
+
+
 def test_stubs_come_from_set_up_and_missing_ones_say_how_to_generate_them(tmp_path):
     stubs = protos.load()  # ./scripts/bootstrap.sh generated them (test.sh runs it first)
     assert stubs.directory == protos.STUB_DIR and protos.current()
