@@ -1,12 +1,14 @@
 """Regenerate the schema files in this directory from their upstream sources (see README.md).
 
-    python deploy/schemas/refresh.py --kserve-git KSERVE_GIT_DIR --kserve-ref v0.20.0 --swagger swagger.json
+    python deploy/schemas/refresh.py --kserve-git KSERVE_GIT_DIR --kserve-ref v0.20.0 --swagger swagger.json \
+        --istio-git ISTIO_GIT_DIR --istio-ref 1.24.3
 
-KSERVE_GIT_DIR is a clone of github.com/kserve/kserve (a bare one works); swagger.json is the Kubernetes
-OpenAPI v2 document (kubernetes/kubernetes api/openapi-spec/swagger.json of a release branch, or the
-copy kubernetes-client/python ships as kubernetes/swagger.json.unprocessed). The files keep the upstream
-schemas as they are except: descriptions are dropped, and the Kubernetes ones are cut down to one kind
-plus the definitions it references (`$ref` stays `#/definitions/<name>`). pipeline/manifests.py adapts
+KSERVE_GIT_DIR and ISTIO_GIT_DIR are clones of github.com/kserve/kserve and github.com/istio/istio (bare ones
+work); swagger.json is the Kubernetes OpenAPI v2 document (kubernetes/kubernetes api/openapi-spec/swagger.json of
+a release branch, or the copy kubernetes-client/python ships as kubernetes/swagger.json.unprocessed). The files
+keep the upstream schemas as they are except: descriptions are dropped, the Kubernetes ones are cut down to one
+kind plus the definitions it references (`$ref` stays `#/definitions/<name>`), and a CRD schema that leaves out
+apiVersion, kind and metadata (Istio's) gets them as the API server implies them for every custom resource. pipeline/manifests.py adapts
 them to JSON Schema when it loads them.
 """
 
@@ -28,6 +30,8 @@ KSERVE_CRDS = {  # file in config/crd/full/ -> served version to take
     "serving.kserve.io_servingruntimes.yaml": "v1alpha1",
     "serving.kserve.io_clusterservingruntimes.yaml": "v1alpha1",
 }
+ISTIO_CRD_FILE = "manifests/charts/base/files/crd-all.gen.yaml"
+ISTIO_CRDS = {"AuthorizationPolicy": "v1"}  # kind -> served version to take
 K8S_KINDS = [  # definition names in the Kubernetes OpenAPI document
     "io.k8s.api.core.v1.ServiceAccount",
     "io.k8s.api.core.v1.Secret",
@@ -85,14 +89,30 @@ def _closure(definitions: dict, root: str) -> dict:
     return {"$ref": f"#/definitions/{root}", "definitions": _strip(seen)}
 
 
+def _write_crd(crd: dict, wanted: str) -> None:
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == wanted)
+    api_version = f"{crd['spec']['group']}/{wanted}"
+    schema = _strip(version["schema"]["openAPIV3Schema"])
+    for implied, kind in (("apiVersion", "string"), ("kind", "string"), ("metadata", "object")):
+        schema["properties"].setdefault(implied, {"type": kind})
+    _write(file_stem(api_version, crd["spec"]["names"]["kind"]), schema)
+
+
+def _git_show(git_dir: str, ref: str, path: str) -> str:
+    return subprocess.run(["git", "--git-dir", git_dir, "show", f"{ref}:{path}"],
+                          check=True, capture_output=True, text=True).stdout
+
+
 def kserve(git_dir: str, ref: str) -> None:
     for name, wanted in KSERVE_CRDS.items():
-        text = subprocess.run(["git", "--git-dir", git_dir, "show", f"{ref}:config/crd/full/{name}"],
-                              check=True, capture_output=True, text=True).stdout
-        crd = next(d for d in yaml.safe_load_all(text) if d)
-        version = next(v for v in crd["spec"]["versions"] if v["name"] == wanted)
-        api_version = f"{crd['spec']['group']}/{wanted}"
-        _write(file_stem(api_version, crd["spec"]["names"]["kind"]), _strip(version["schema"]["openAPIV3Schema"]))
+        _write_crd(next(d for d in yaml.safe_load_all(_git_show(git_dir, ref, f"config/crd/full/{name}")) if d),
+                   wanted)
+
+
+def istio(git_dir: str, ref: str) -> None:
+    crds = [d for d in yaml.safe_load_all(_git_show(git_dir, ref, ISTIO_CRD_FILE)) if d]
+    for kind, wanted in ISTIO_CRDS.items():
+        _write_crd(next(d for d in crds if d["spec"]["names"]["kind"] == kind), wanted)
 
 
 def kubernetes(swagger: Path) -> None:
@@ -108,10 +128,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kserve-git", help="git dir of a kserve/kserve clone")
     parser.add_argument("--kserve-ref", default="v0.20.0")
+    parser.add_argument("--istio-git", help="git dir of an istio/istio clone")
+    parser.add_argument("--istio-ref", default="1.24.3")
     parser.add_argument("--swagger", type=Path, help="Kubernetes OpenAPI v2 swagger.json")
     args = parser.parse_args()
     if args.kserve_git:
         kserve(args.kserve_git, args.kserve_ref)
+    if args.istio_git:
+        istio(args.istio_git, args.istio_ref)
     if args.swagger:
         kubernetes(args.swagger)
 
