@@ -1,4 +1,5 @@
-"""The predictor's NetworkPolicy (deploy/kserve/networkpolicy.yaml) for a cluster's own namespace names.
+"""The predictor's NetworkPolicy (deploy/kserve/networkpolicy.yaml) for a cluster's own namespace names, and its
+Istio AuthorizationPolicy (deploy/kserve/authorizationpolicy.yaml) for another InferenceService name.
 
 The shipped file lets callers reach the predictor's serving ports (REST 8080 and gRPC 8081, which a raw-mode
 Service targets directly) and Knative's queue-proxy, and the namespaces `monitoring` (Prometheus) and
@@ -7,6 +8,7 @@ namespaces otherwise; this writes the same policy with other names, checked agai
 (deploy/schemas) and for the serving ports, without kustomize:
 
     python -m pipeline.networkpolicy --monitoring-namespace observability | kubectl -n models apply -f -
+    python -m pipeline.networkpolicy --istio --inference-service digits | kubectl -n models apply -f -
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from settings import KSERVE_GATEWAY_PORT, KSERVE_GRPC_PORT, REPO
 from .manifests import ManifestError, validate
 
 POLICY_FILE = REPO / "deploy" / "kserve" / "networkpolicy.yaml"
+ISTIO_POLICY_FILE = REPO / "deploy" / "kserve" / "authorizationpolicy.yaml"
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"
 DEFAULT_MONITORING = "monitoring"
@@ -49,12 +52,10 @@ def _namespace_peers(policy: dict) -> dict[str, list[dict]]:
 def network_policy(monitoring_namespace: str = DEFAULT_MONITORING, knative_namespace: str = DEFAULT_KNATIVE,
                    inference_service: str = "embedding", namespace: str = "", path: Path = POLICY_FILE) -> dict:
     """The shipped policy with these namespace names and InferenceService, validated; ManifestError if invalid."""
-    for what, name in (("monitoring namespace", monitoring_namespace), ("Knative namespace", knative_namespace),
-                       *((("namespace", namespace),) if namespace else ())):
+    for what, name in (("monitoring namespace", monitoring_namespace), ("Knative namespace", knative_namespace)):
         if not DNS_LABEL.match(name):
             raise ManifestError(f"{what} {name!r} is not a DNS-1123 label")
-    if not DNS_1035.match(inference_service):
-        raise ManifestError(f"InferenceService name {inference_service!r} is not a DNS-1035 label")
+    _check_names(inference_service, namespace)
     policy = copy.deepcopy(yaml.safe_load(Path(path).read_text()))
     peers = _namespace_peers(policy)
     for default in (DEFAULT_MONITORING, DEFAULT_KNATIVE):
@@ -76,6 +77,26 @@ def network_policy(monitoring_namespace: str = DEFAULT_MONITORING, knative_names
     return policy
 
 
+def _check_names(inference_service: str, namespace: str) -> None:
+    if not DNS_1035.match(inference_service):
+        raise ManifestError(f"InferenceService name {inference_service!r} is not a DNS-1035 label")
+    if namespace and not DNS_LABEL.match(namespace):
+        raise ManifestError(f"namespace {namespace!r} is not a DNS-1123 label")
+
+
+def authorization_policy(inference_service: str = "embedding", namespace: str = "",
+                         path: Path = ISTIO_POLICY_FILE) -> dict:
+    """The shipped Istio AuthorizationPolicy for this InferenceService, validated; ManifestError if invalid."""
+    _check_names(inference_service, namespace)
+    policy = copy.deepcopy(yaml.safe_load(Path(path).read_text()))
+    policy["spec"]["selector"]["matchLabels"][ISVC_LABEL] = inference_service
+    policy["metadata"]["name"] = f"{inference_service}-predictor"
+    if namespace:
+        policy["metadata"]["namespace"] = namespace
+    validate(policy)
+    return policy
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.networkpolicy", description=__doc__.split("\n")[0])
     parser.add_argument("--monitoring-namespace", default=DEFAULT_MONITORING,
@@ -84,10 +105,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="Knative Serving's system namespace (default %(default)s)")
     parser.add_argument("--inference-service", default="embedding", help="the InferenceService's name")
     parser.add_argument("--namespace", default="", help="metadata.namespace (default: kubectl's -n)")
+    parser.add_argument("--istio", action="store_true",
+                        help="write the Istio AuthorizationPolicy instead (for pods with a sidecar)")
     args = parser.parse_args(argv)
     try:
-        policy = network_policy(args.monitoring_namespace, args.knative_namespace, args.inference_service,
-                                args.namespace)
+        policy = (authorization_policy(args.inference_service, args.namespace) if args.istio else
+                  network_policy(args.monitoring_namespace, args.knative_namespace, args.inference_service,
+                                 args.namespace))
     except ManifestError as exc:
         print(f"networkpolicy: {exc}", file=sys.stderr)
         return 2
