@@ -29,6 +29,10 @@ from .errors import KServeError
 #: The key of the API key Secret (manifest.inference_service's secretKeyRef).
 SECRET_KEY = "api-key"
 PROBE_TIMEOUT_S = 30.0
+#: Envoy's body when an Istio sidecar's AuthorizationPolicy refuses a call, and what to do about it.
+MESH_REFUSAL = "RBAC: access denied"
+MESH_REFUSAL_HINT = (" (the pod's Istio sidecar refused it: apply deploy/kserve/authorizationpolicy.yaml in the "
+                     "namespace, see docs/kserve.md)")
 
 
 def archive_digest(mar: Path) -> str | None:
@@ -79,7 +83,9 @@ def answered_digest(url: str, model: str, key: str, timeout_s: float = PROBE_TIM
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             answer = json.load(io.TextIOWrapper(response, encoding="utf-8"))
     except urllib.error.HTTPError as exc:
-        raise KServeError(f"{url} answered {exc.code}: {exc.read()[:200].decode(errors='replace')}") from None
+        said = exc.read()[:200].decode(errors="replace")
+        hint = MESH_REFUSAL_HINT if exc.code == 403 and said.startswith(MESH_REFUSAL) else ""
+        raise KServeError(f"{url} answered {exc.code}: {said}{hint}") from None
     except (OSError, ValueError) as exc:
         raise KServeError(f"{url} did not answer: {exc}") from None
     try:

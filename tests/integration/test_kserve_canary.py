@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import istio_authz
 from support.http import send_json
 from support.k8s_standin import KubernetesStandin
 from support.rollout import archive, cluster, pvc, record  # noqa: F401 - fixtures
@@ -23,8 +24,11 @@ from support.rollout import deploy_version
 
 from pipeline.kserve_deploy import Canary, KServeError, candidate, canary
 from pipeline.kserve_deploy.canary import MIN_REQUESTS, Signals, judge, queries
+from pipeline.networkpolicy import authorization_policy
 
 NS, NAME = "models", "embedding"
+#: The predictor's pods as KServe labels them, in a namespace with Istio sidecars.
+PREDICTOR_POD = istio_authz.Workload(NS, {"serving.kserve.io/inferenceservice": NAME, "component": "predictor"})
 GOOD = Signals(requests=400, errors=0, p99_s=0.030, answered=400, unknown=8)
 
 
@@ -213,7 +217,9 @@ class CandidatePod:
     """The candidate's pods as its tag route reaches them: KServe v1 predict behind the key, answering with the model
     digest they loaded."""
 
-    def __init__(self, digest: str, key: str) -> None:
+    def __init__(self, digest: str, key: str, mesh: list[dict] | None = None) -> None:
+        """`mesh`: the AuthorizationPolicies of a Kubeflow mesh whose sidecar in front of the pods decides first
+        (support.istio_authz), for a call from a KFP pod through the cluster-local gateway."""
         self.digest, self.key, self.asked = digest, key, []
         pod = self
 
@@ -221,6 +227,17 @@ class CandidatePod:
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 pod.asked.append((self.path, self.headers.get("X-API-Key")))
+                if mesh is not None:
+                    allowed, _ = istio_authz.decide(mesh, PREDICTOR_POD, istio_authz.Request(
+                        self.path, "POST", 8012, istio_authz.LOCAL_GATEWAY, dict(self.headers)))
+                    if not allowed:  # Envoy's answer: 403, text/plain
+                        body = istio_authz.DENIED.encode()
+                        self.send_response(403)
+                        self.send_header("Content-Type", "text/plain")
+                        self.send_header("Content-Length", str(len(body)))
+                        self.end_headers()
+                        self.wfile.write(body)
+                        return
                 if self.headers.get("X-API-Key") != pod.key:
                     send_json(self, 401, {"error": "missing or wrong API key"})
                     return
@@ -244,20 +261,26 @@ def zip_archive(path: Path, metadata: bytes) -> Path:
     return path
 
 
-@pytest.mark.parametrize("answers_with, key_stored, why", [
-    ("the archive's", True, ""),
-    ("another", True, "it answered with model sha256:"),
-    ("the archive's", False, 'cannot read Secret models/mnist-embedding-api-key: 404'),
+@pytest.mark.parametrize("answers_with, key_stored, why, mesh", [
+    ("the archive's", True, "", None),
+    ("another", True, "it answered with model sha256:", None),
+    ("the archive's", False, 'cannot read Secret models/mnist-embedding-api-key: 404', None),
+    ("the archive's", True, "answered 403: RBAC: access denied (the pod's Istio sidecar refused it: apply "
+     "deploy/kserve/authorizationpolicy.yaml", "kubeflow"),
+    ("the archive's", True, "", "kubeflow + the shipped policy"),
 ])
 def test_the_candidate_is_asked_through_its_own_route_for_the_model_it_loaded(cluster, pvc, tmp_path, monkeypatch,
-                                                                              answers_with, key_stored, why):
+                                                                              answers_with, key_stored, why, mesh):
     signals_by_version(monkeypatch, {"1.0": GOOD, "2.0": GOOD})
     old = zip_archive(tmp_path / "old.mar", b'{"model": "one"}')
     deploy_version(old, "1.0", 0.9)
     new = zip_archive(tmp_path / "embedding.mar", b'{"model": "two"}')
     digest = candidate.archive_digest(new)
     assert digest == "sha256:" + hashlib.sha256(b'{"model": "two"}').hexdigest()
-    pod = CandidatePod(digest if answers_with == "the archive's" else candidate.archive_digest(old), "the-key")
+    policies = None if mesh is None else istio_authz.kubeflow_mesh(NS, "user@example.com") + (
+        [authorization_policy(NAME, NS)] if "shipped" in mesh else [])
+    pod = CandidatePod(digest if answers_with == "the archive's" else candidate.archive_digest(old), "the-key",
+                       policies)
     if key_stored:
         cluster.add_secret(NS, "mnist-embedding-api-key", {"api-key": "the-key"})
     routes = []
