@@ -55,6 +55,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for marker, fixtures in MARKER_FIXTURES.items():
             if used & fixtures:
                 item.add_marker(marker)
+    # The files that use the shipped model run last, whole (module fixtures stay set up once): its training, started
+    # at collection (pytest_collection_finish), then overlaps every other test instead of holding up the first one.
+    product_files = {item.fspath for item in items if "product_artifacts" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: item.fspath in product_files)
 
 
 #: The background run of support.exam_prefetch: (its output folder, its process), once started.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,15 +40,15 @@ def _command(out: Path) -> tuple[list[str], dict[str, str]]:
 
 
 def start_training() -> subprocess.Popen | None:
-    """Train the artifacts in the background (niced) when they are not cached: conftest.py starts this as the
-    session begins, so the minutes of training overlap the first tests instead of following them. None when
-    cached."""
+    """Train the artifacts in the background when they are not cached: conftest.py starts this as the session
+    begins, so the minutes of training overlap the other tests instead of preceding the ones that need them. None
+    when cached. Not niced: ./test.sh runs a second pytest beside this one, and a niced training starved behind
+    both (14 minutes of a cold run waiting on it)."""
     out = _out()
     if (out / "metadata.json").is_file():
         return None
     command, env = _command(out)  # its errors show when the fixture trains again after it
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: os.nice(10))
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def product_artifacts(background: subprocess.Popen | None = None) -> Path:
