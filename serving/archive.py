@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import signal
@@ -105,7 +106,11 @@ def build_mar(artifacts: Path, export_path: Path, model_name: str = MODEL_NAME, 
             "--extra-files", str(extras), "--config-file", str(model_config),
             "--export-path", tmp, "--force",
         ]
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        # torch-model-archiver stages the files in $TMPDIR/<model name>, deleting whatever is there first: give it
+        # a folder of this build's own, so a user's /tmp/embedding and a concurrent build are left alone.
+        staging = Path(tmp) / "staging"
+        staging.mkdir()
+        result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(staging)})
         built = Path(tmp) / f"{model_name}.mar"
         if result.returncode != 0 or not built.is_file():
             detail = (result.stderr or result.stdout).strip().splitlines()
