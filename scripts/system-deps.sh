@@ -11,6 +11,8 @@
 # host in tests and benchmarks as in the image; Debian's own nginx service is stopped again after the install.
 # The uploads exam of the digit model (training/uploads.py, docs/non-digits.md) is made of the Adwaita and hicolor
 # icon themes, Glyphicons Halflings, Font Awesome, Noto Color Emoji (about 10 MB) and the Liberation/FreeFont faces.
+# kubectl (Debian's kubernetes-client, or any kubectl already on PATH) runs the alerts' runbook steps in
+# tests/e2e/test_kserve_container.py against the stand-in API server (tests/support/kube_operator.py).
 # Installs only what is missing, as root.
 set -euo pipefail
 missing=()
@@ -25,6 +27,7 @@ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || 
 [ -d /usr/share/fonts/truetype/liberation ] || missing+=(fonts-liberation)  # the printed-digit exam
 [ -d /usr/share/fonts/truetype/freefont ] || missing+=(fonts-freefont-ttf)
 [ -d /usr/share/datasets/fashion-mnist ] || missing+=(dataset-fashion-mnist)  # the open-set exam, the second dataset
+command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)  # the runbooks' kubectl steps
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # renders the HTML report in its test
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)  # the serving runtime's front
 [ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ] || missing+=(libnginx-mod-http-lua)

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
 import shlex
+import shutil
+import socket
 import subprocess
 import time
 import urllib.request
@@ -26,9 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import yaml
-from support.containers import (build_images, engine_or_reason, http_get, post, predictor_limits, start_predictor,
-                                wait_for_probe)
+from support.containers import (build_images, engine_or_reason, for_runtime, http_get, post, predictor_limits,
+                                start_predictor, wait_for_probe)
 from support.imagegen import png_bytes
+from support.k8s_standin import KubernetesStandin, write_kubeconfig
+from support.kube_operator import OperatorAPI
 from serving.gateway.drain import SHUTDOWN_DELAY_S
 from serving.samples import user_digit_png
 from support.s3server import client_env, files, kserve_download, s3_server
@@ -38,6 +44,7 @@ from handler.service import EmbeddingService
 from pipeline.kserve_deploy import KServeTarget, deploy
 from pipeline.kserve_deploy.candidate import answered_digest, archive_digest
 from pipeline.manifests import quantity
+from pipeline.networkpolicy import network_policy
 from serving.runtimes import SERVING_RUNTIMES
 from settings import REPO
 
@@ -339,6 +346,107 @@ def test_each_runbook_grep_finds_its_line_in_the_pods_log(predictor, canvases):
         for pattern in patterns:
             found = subprocess.run(["grep", "-E", pattern], input=log, capture_output=True, text=True).stdout
             assert bool(found) == RUNBOOK_GREPS[alert], (alert, pattern, log[-3000:])
+
+
+def runbook_kubectl_steps() -> list[tuple[str, str]]:
+    """[(alert, step)] for every step of a kserve runbook that starts with kubectl, its trailing (note) cut off."""
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "rules" / "alerts.yml").read_text())
+    return [(rule["alert"], re.sub(r"\s+\([^()]*\)$", "", step))
+            for rule in (r for group in rules["groups"] for r in group["rules"] if "alert" in r)
+            for step in rule["annotations"]["runbook_kserve"].split("; ") if step.startswith("kubectl ")]
+
+
+@pytest.fixture
+def cluster(request, predictor, mnt_models, tmp_path):
+    """The operator's view of this predictor (support.kube_operator): the InferenceService the pipeline writes for
+    its runtime, made by KubernetesStandin's KServe, this container as its pod, the project's NetworkPolicy, metrics
+    Service and ServiceMonitor; yields (api, pod, environment for kubectl)."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is not installed (scripts/system-deps.sh installs Debian's kubernetes-client)"
+    container, url, _, spec = predictor
+    runtime = request.node.callspec.params["predictor"]
+    manifest = for_runtime(mnt_models[1], runtime)
+    standin = KubernetesStandin()
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    status, answer = standin.handle("POST", f"/apis/serving.kserve.io/v1beta1/namespaces/{namespace}/inferenceservices",
+                                    {"authorization": f"Bearer {standin.token}"}, json.dumps(manifest).encode())
+    assert status == 201, answer
+    api = OperatorAPI(standin, namespace)
+    api.apply(network_policy(inference_service=name))
+    for doc in yaml.safe_load_all((REPO / "deploy" / "prometheus" / "kubernetes" / "servicemonitor.yaml").read_text()):
+        api.apply(doc)
+    with api as server:
+        pod = api.add_pod(name, container, spec, url)
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "NS": namespace,
+               "KUBECONFIG": str(write_kubeconfig(tmp_path / "kubeconfig", server, standin.token, namespace))}
+        yield api, pod, env, manifest, runtime
+
+
+def run_step(step: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", step], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_every_runbook_kubectl_step_runs_and_shows_the_pod(cluster, predictor, mnt_models):
+    """Each kubectl step of the alerts' kserve runbooks, as written, by the real kubectl against the operator's view
+    of the cluster, after the pod's container was killed and restarted by the kubelet and a request was refused:
+    what each step shows is checked against the pod (its name, readiness, restart and exit code, its limits, its
+    log), the InferenceService the pipeline wrote, and the NetworkPolicy and ServiceMonitor the manifests make."""
+    api, pod, env, manifest, runtime = cluster
+    container, url, key, spec = predictor
+    container.kill()
+    deadline = time.monotonic() + 180
+    while not (pod.restarts == 1 and pod.ready) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert pod.restarts == 1 and pod.ready, container.logs()[-3000:]
+    assert post(f"{url}/v1/models/embedding:predict", {"instances": [{"data": b64(b"not an image")}]}, key)[0] == 400
+    started = STARTED_LINES[runtime]
+    deadline = time.monotonic() + 30  # the READY line follows the readiness poll's next turn
+    while not all(w in container.logs(since=pod.started_at) for w in ("refused request ", *started)):
+        assert time.monotonic() < deadline, container.logs()[-3000:]
+        time.sleep(0.5)
+    limits = predictor_limits(manifest, spec)
+    whole_log = container.logs().splitlines()
+    checks = [
+        (r"get inferenceservice \S+$", lambda out, step: re.search(
+            rf"^embedding\s+{re.escape(api.standin.isvc('models', 'embedding')['status']['url'])}\s+True\s", out, re.M)),
+        (r"get pods .* -o wide$", lambda out, step: re.search(
+            rf"^{pod.name}\s+1/1\s+Running\s+1 \(\d+s ago\)\s+\S+\s+\S+\s+{re.escape(socket.gethostname())}\s",
+            out, re.M)),
+        (r"logs .* --tail=500$", lambda out, step: all(w in out for w in started)),
+        # All that happened is a restart and a refused request: a grep finds those, and every failure grep nothing.
+        (r"logs .*\| grep ", lambda out, step: set(out.splitlines()) <= set(whole_log)
+         and all("READY" in line or "refused request" in line for line in out.splitlines())
+         and ("refused request" not in step or "refused request" in out)
+         and ("READY" not in step or "READY" in out)),
+        (r"get networkpolicy \S+ -o yaml$", lambda out, step: yaml.safe_load(out)["spec"]
+         == network_policy(inference_service="embedding")["spec"]),
+        (r"get servicemonitors -A \| grep embedding$", lambda out, step: re.search(r"^models\s+embedding-metrics\s", out)),
+        (r"top pods .* --containers$", lambda out, step: re.search(
+            rf"^{pod.name}\s+kserve-container\s+\d+m\s+\d+Mi\s*$", out, re.M)),
+        (r"describe pods .* grep -A4 Limits$", lambda out, step: re.search(rf"cpu:\s+{limits['cpu']}\n", out)
+         and re.search(rf"memory:\s+{limits['memory']}\n", out)),
+        (r"describe pods .* grep -B2 -A6 'Last State'$", lambda out, step: re.search(
+            r"Last State:\s+Terminated\n\s+Reason:\s+Error\n\s+Exit Code:\s+137\n", out)),
+        (r"get events --sort-by=\.lastTimestamp \| tail -20$", lambda out, step: re.search(
+            r"InferenceServiceReady\s+inferenceservice/embedding\s+InferenceService \[embedding\] is Ready", out)
+         and re.search(rf"\(x2 over \d+s\)\s+Normal\s+Started\s+pod/{pod.name}\s+Started container", out)),
+        (r"-o jsonpath='\{\.spec\.predictor\.model\.storageUri\}'$",
+         lambda out, step: out == manifest["spec"]["predictor"]["model"]["storageUri"]),
+    ]
+    ran = set()
+    for alert, step in runbook_kubectl_steps():
+        if "port-forward" in step:  # its stream protocol (SPDY or WebSocket) is not emulated: the pod lookup in it
+            lookup = run_step(re.search(r"\$\((.*?)\)", step)[1], env)
+            assert (lookup.stdout, lookup.stderr) == (f"pod/{pod.name}\n", ""), (alert, step, lookup)
+            continue
+        result = run_step(step, env)
+        print(f"$ {step}\n{result.stdout}")
+        assert result.stderr == "", (alert, step, result.stderr)
+        check = [(pattern, test) for pattern, test in checks if re.search(pattern, step)]
+        assert len(check) == 1, f"{alert}: say what this step must show: {step}"
+        assert check[0][1](result.stdout, step), (alert, step, result.stdout[-3000:])
+        ran.add(check[0][0])
+    assert ran == {pattern for pattern, _ in checks}, "a check no runbook step uses"
 
 
 @pytest.mark.parametrize("predictor", ["torchserve"], indirect=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -149,9 +150,28 @@ class Container:
         out = self._cli("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", self.name).stdout.split()
         return out[0], int(out[1])
 
-    def logs(self) -> str:
-        result = self._cli("logs", self.name, check=False)
+    def logs(self, since: str | None = None) -> str:
+        """Its log (stdout and stderr), or the part written from `since` (an RFC 3339 time) on."""
+        result = self._cli("logs", *(["--since", since] if since else []), self.name, check=False)
         return result.stdout + result.stderr
+
+    def inspect(self) -> dict:
+        return json.loads(self._cli("inspect", "--format", "json", self.name).stdout)[0]
+
+    def start(self) -> None:
+        self._cli("start", self.name)
+
+    def kill(self, signal: str = "KILL") -> None:
+        self._cli("kill", "--signal", signal, self.name)
+
+    def usage(self) -> tuple[float, float]:
+        """(CPU cores in use, memory bytes in use), as the engine's stats report them now."""
+        (stats,) = json.loads(self._cli("stats", "--no-stream", "--format", "json", self.name).stdout)
+        used = stats["mem_usage"].split("/")[0].strip()
+        number, unit = re.match(r"^([\d.]+)\s*([kKMGT]?i?B)$", used).groups()
+        scale = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 1024, "MiB": 1024 ** 2,
+                 "GiB": 1024 ** 3}[unit]
+        return float(stats["cpu_percent"].rstrip("%")) / 100, float(number) * scale
 
     def exec_python(self, code: str) -> str:
         return self._cli("exec", self.name, "python", "-c", code).stdout

@@ -380,7 +380,8 @@ class KubernetesStandin:
             key = (resource, namespace, obj["metadata"]["name"])
             if key in self.objects:
                 return 409, _status(409, "AlreadyExists", f'{kind} "{key[2]}" already exists')
-            obj["metadata"].update(namespace=namespace, resourceVersion=str(next(self._versions)))
+            obj["metadata"].update(namespace=namespace, resourceVersion=str(next(self._versions)),
+                                   creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             obj.pop("status", None)
             if resource == "inferenceservices":
                 obj["metadata"]["generation"] = 1
