@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 
 import pytest
+import yaml
 from support.rollout import archive, cluster, deploy_version, entry, pvc, record  # noqa: F401 (fixtures)
 
 from pipeline import rollback
 from pipeline.kserve_deploy import LOCK_KEY, REVISION_KEY
 from pipeline.gate import decide
+from settings import REPO
 
 
 def run(argv: list[str], capsys) -> tuple[int, list[str], list[str]]:
@@ -177,3 +180,21 @@ def test_a_rollback_is_refused_while_a_deploy_holds_the_lock(two_versions, capsy
     assert err[0].startswith("rollback: error: pipeline run run-7 is deploying InferenceService models/embedding "
                              "since "), err
     assert storage_uri(cluster) == "pvc://models/embedding/2.0"
+
+
+def test_the_runbooks_rollback_step_runs_as_written(two_versions, capsys):
+    """The alerts' kserve runbooks roll back with `python -m pipeline rollback`: their step, as written, with the
+    previous version and the namespace filled in, rolls the service back."""
+    from pipeline.cli import main
+
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "rules" / "alerts.yml").read_text())
+    steps = {step.split(": ", 1)[1] for group in rules["groups"] for rule in group["rules"] if "alert" in rule
+             for step in rule["annotations"]["runbook_kserve"].split("; ") if "pipeline rollback" in step}
+    assert len(steps) == 1, steps
+    argv = shlex.split(steps.pop().replace("<previous version>", "1.0").replace("$NS", "models"))
+    assert argv[:3] == ["python", "-m", "pipeline"]
+    rc = main([*argv[3:], "--poll", "0.01", "--timeout", "5"])
+    out, err = capsys.readouterr()
+    assert (rc, err) == (0, "")
+    assert out.startswith("rolled InferenceService models/embedding back from version 2.0 to 1.0")
+    assert storage_uri(two_versions) == "pvc://models/embedding/1.0"
