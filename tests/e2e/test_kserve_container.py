@@ -410,7 +410,7 @@ def test_every_runbook_kubectl_step_runs_and_shows_the_pod(cluster, predictor, m
         (r"get inferenceservice \S+$", lambda out, step: re.search(
             rf"^embedding\s+{re.escape(api.standin.isvc('models', 'embedding')['status']['url'])}\s+True\s", out, re.M)),
         (r"get pods .* -o wide$", lambda out, step: re.search(
-            rf"^{pod.name}\s+1/1\s+Running\s+1 \(\d+s ago\)\s+\S+\s+\S+\s+{re.escape(socket.gethostname())}\s",
+            rf"^{pod.name}\s+1/1\s+Running\s+1 \(\S+ ago\)\s+\S+\s+\S+\s+{re.escape(socket.gethostname())}\s",
             out, re.M)),
         (r"logs .* --tail=500$", lambda out, step: all(w in out for w in started)),
         # All that happened is a restart and a refused request: a grep finds those, and every failure grep nothing.
@@ -429,7 +429,7 @@ def test_every_runbook_kubectl_step_runs_and_shows_the_pod(cluster, predictor, m
             r"Last State:\s+Terminated\n\s+Reason:\s+Error\n\s+Exit Code:\s+137\n", out)),
         (r"get events --sort-by=\.lastTimestamp \| tail -20$", lambda out, step: re.search(
             r"InferenceServiceReady\s+inferenceservice/embedding\s+InferenceService \[embedding\] is Ready", out)
-         and re.search(rf"\(x2 over \d+s\)\s+Normal\s+Started\s+pod/{pod.name}\s+Started container", out)),
+         and re.search(rf"\(x2 over \S+\)\s+Normal\s+Started\s+pod/{pod.name}\s+Started container", out)),
         (r"-o jsonpath='\{\.spec\.predictor\.model\.storageUri\}'$",
          lambda out, step: out == manifest["spec"]["predictor"]["model"]["storageUri"]),
     ]
