@@ -12,6 +12,9 @@ set, see :mod:`bench.data`) the .mar is staged as KServe's storage initializer l
 - ``torchserve``: TorchServe alone on the host with the same config.properties, requests straight to
   127.0.0.1:8085 (no gateway, no key), to show what the front costs.
 
+``--runtime python`` measures the JRE-free image instead (deploy/kserve/servingruntime-python.yaml) against
+``host``, the same ``python -m serving.python_runtime`` command on the host (report container-python.md).
+
 Start-to-ready is timed from the start command until the readiness check answers 200, polled every
 0.1 s (container: ``podman run`` to ``/v2/health/ready``, 3 runs). Load is wrk (:mod:`bench.loadgen`)
 with the same bodies everywhere: PNG digits POSTed raw to /predictions/embedding, and KServe v1 JSON to
@@ -78,6 +81,43 @@ TARGET_RPS_RATIO = 0.9
 TARGET_P99_RATIO = 1.2
 
 
+@dataclass(frozen=True)
+class Lineup:
+    """The servers one run compares: the image of one serving runtime and what it is measured against."""
+
+    runtime_yaml: Path
+    image: str  # its key in build/images.json
+    servers: tuple[str, ...]
+    reference: str  # the `container` row's target is a ratio to this server
+    rps_target: float
+    p99_target: float | None
+    report: str
+    servers_text: str
+    ready_text: str
+    against: str
+    target_text: str
+
+
+LINEUPS = {
+    "torchserve": Lineup(
+        RUNTIME_YAML, "serving", SERVERS, "torchserve", TARGET_RPS_RATIO, TARGET_P99_RATIO, "container",
+        "`container` = the image as the ServingRuntime runs it (nginx front), port 8080 published on 127.0.0.1; "
+        "`host nginx` / `host aiohttp` = `python -m serving.kserve_runtime --front nginx|aiohttp` on the host with "
+        "the same /mnt/models directory; `torchserve` = TorchServe alone on the host, same config.properties, "
+        f"requests straight to 127.0.0.1:{INFERENCE_PORT} (no front, no key).",
+        " (TorchServe alone: a worker READY in its management API)", "TorchServe alone",
+        "the req/s of TorchServe alone at c={c}, with p99 no worse than {p99:g}x. Ratios of medians; `host aiohttp` "
+        "is the Python gateway the image ran before."),
+    "python": Lineup(
+        REPO / "deploy" / "kserve" / "servingruntime-python.yaml", "serving-python", ("container", "host"), "host",
+        0.95, None, "container-python",
+        "`container` = the JRE-free image as servingruntime-python.yaml runs it, port 8080 published on 127.0.0.1; "
+        "`host` = the same `python -m serving.python_runtime` command on the host with the same /mnt/models "
+        "directory (REST on a loopback port, gRPC on another).",
+        "", "the python runtime on the host", "itself on the host at c={c} (#39). Ratios of medians."),
+}
+
+
 def log(line: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
@@ -88,9 +128,9 @@ def load() -> list[float]:
 
 # --- image and /mnt/models ----------------------------------------------------------------------------
 
-def build_image(build_args: list[str]) -> dict:
-    """scripts/build-images.sh --only serving (cached by content hash); returns build/images.json."""
-    cmd = [str(REPO / "scripts" / "build-images.sh"), "--only", "serving", "--quiet", *build_args]
+def build_image(build_args: list[str], image: str = "serving") -> dict:
+    """scripts/build-images.sh --only IMAGE (cached by content hash); returns build/images.json."""
+    cmd = [str(REPO / "scripts" / "build-images.sh"), "--only", image, "--quiet", *build_args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"build-images.sh failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-500:]}")
@@ -177,18 +217,18 @@ class Server:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def runtime_spec() -> tuple[list[str], dict[str, str], int | None]:
-    """(command, env, uid) of the shipped ServingRuntime's predictor container."""
-    (doc,) = [d for d in yaml.safe_load_all(RUNTIME_YAML.read_text()) if d]
+def runtime_spec(path: Path = RUNTIME_YAML) -> tuple[list[str], dict[str, str], int | None]:
+    """(command, env, uid) of a shipped ServingRuntime's predictor container."""
+    (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
     (spec,) = doc["spec"]["containers"]
     environ = {e["name"]: e["value"] for e in spec.get("env", []) if "value" in e}
     return spec["command"] + spec["args"], environ, spec.get("securityContext", {}).get("runAsUser")
 
 
-def start_container(images: dict, mnt: Path, name: str) -> Server:
+def start_container(images: dict, mnt: Path, name: str, lineup: Lineup = LINEUPS["torchserve"]) -> Server:
     """`podman run -d` as the ServingRuntime describes it; ready when /v2/health/ready answers 200. On failure its
     last log lines are shown and the container is removed."""
-    command, environ, uid = runtime_spec()
+    command, environ, uid = runtime_spec(lineup.runtime_yaml)
     key = secrets.token_hex(16)
     port = free_ports(1)[0]
     base = f"http://127.0.0.1:{port}"
@@ -203,7 +243,7 @@ def start_container(images: dict, mnt: Path, name: str) -> Server:
         subprocess.run([*engine, "rm", "-f", "-t", str(STOP_TIMEOUT_S), name], capture_output=True, env=cli_env)
 
     started = time.perf_counter()
-    done = subprocess.run([*engine, "run", "-d", "--name", name, *options, images["serving"]["ref"], *command[1:]],
+    done = subprocess.run([*engine, "run", "-d", "--name", name, *options, images[lineup.image]["ref"], *command[1:]],
                           capture_output=True, text=True, env=cli_env)
     if done.returncode != 0:
         raise RuntimeError(f"{images['engine']} run failed: {done.stderr.strip()[-300:]}")
@@ -227,8 +267,8 @@ def start_container(images: dict, mnt: Path, name: str) -> Server:
 
 
 def start_host(mnt: Path, workdir: Path, front: str | None) -> Server:
-    """`python -m serving.kserve_runtime --front FRONT` or (None) `torchserve` alone on the host, same staged
-    directory."""
+    """`python -m serving.kserve_runtime --front FRONT`, (None) `torchserve` alone, or ("python")
+    `python -m serving.python_runtime` on the host, same staged directory."""
     gateway = front is not None
     ensure_ports_free()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +278,10 @@ def start_host(mnt: Path, workdir: Path, front: str | None) -> Server:
     venv_bin = Path(sys.executable).parent
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{venv_bin}:{os.environ['PATH']}",
                "PYTHONPATH": str(REPO), API_KEY_ENV: key}
-    if gateway:
+    if front == "python":
+        cmd = [sys.executable, "-m", "serving.python_runtime", f"--model-store={store}", f"--ts-config={config}",
+               f"--http-port={port}", "--http-host=127.0.0.1", f"--grpc-port={free_ports(1)[0]}"]
+    elif gateway:
         cmd = [sys.executable, "-m", "serving.kserve_runtime", f"--model-store={store}", f"--ts-config={config}",
                f"--http-port={port}", "--http-host=127.0.0.1", f"--front={front}"]
     else:
@@ -261,7 +304,8 @@ def start_host(mnt: Path, workdir: Path, front: str | None) -> Server:
         log((workdir / "server.log").read_text(errors="replace")[-1500:])
         stop()
         raise
-    return Server(f"host {front}" if gateway else "torchserve", base, key if gateway else None, ready,
+    name = "host" if front == "python" else f"host {front}" if gateway else "torchserve"
+    return Server(name, base, key if gateway else None, ready,
                   ProcessTree(proc.pid), stop)
 
 
@@ -331,7 +375,8 @@ def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path,
+                lineup: Lineup = LINEUPS["torchserve"]) -> dict[str, Any]:
     """Start-to-ready runs of the container, then `trials` rounds of the three servers, one at a time.
 
     Each round starts every server afresh and alternates their order, so that a drift in the machine's
@@ -348,7 +393,7 @@ def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -
     errors = []
     for i in range(args.starts):
         try:
-            server = start_container(images, mnt, f"bench-container-{name}-{secrets.token_hex(3)}")
+            server = start_container(images, mnt, f"bench-container-{name}-{secrets.token_hex(3)}", lineup)
         except RuntimeError as exc:
             log(f"{name}: container start {i + 1} failed: {exc}")
             errors.append(str(exc))
@@ -359,12 +404,14 @@ def run_gallery(name: str, images: dict, args: argparse.Namespace, root: Path) -
         server.stop()
     result["container_start_to_ready_s"] = summarize(starts)
     result["container_start_errors"] = errors
-    starters: dict[str, Callable[[], Server]] = {
-        "container": lambda: start_container(images, mnt, f"bench-container-{name}-{secrets.token_hex(3)}"),
+    every: dict[str, Callable[[], Server]] = {
+        "container": lambda: start_container(images, mnt, f"bench-container-{name}-{secrets.token_hex(3)}", lineup),
         "host nginx": lambda: start_host(mnt, root / name / "host-nginx", front="nginx"),
         "host aiohttp": lambda: start_host(mnt, root / name / "host-aiohttp", front="aiohttp"),
         "torchserve": lambda: start_host(mnt, root / name / "torchserve", front=None),
+        "host": lambda: start_host(mnt, root / name / "host-python", front="python"),
     }
+    starters = {k: every[k] for k in lineup.servers}
     rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in starters}
     for trial in range(args.trials):
         order = list(starters) if trial % 2 == 0 else list(starters)[::-1]
@@ -410,19 +457,25 @@ def cpu_per_request(row: dict) -> str:
     return f"{cpu / 100 / rps * 1e6:.0f}" if cpu and rps else "n/a"
 
 
-def target_status(served: dict | None, alone: dict | None, concurrency: int) -> str:
+def target_status(served: dict | None, alone: dict | None, concurrency: int, rps_target: float = TARGET_RPS_RATIO,
+                  p99_target: float | None = TARGET_P99_RATIO) -> str:
+    """met or missed: `served`'s req/s at least `rps_target` times `alone`'s and (unless None) its p99 at most
+    `p99_target` times."""
     if concurrency not in TARGET_CONCURRENCY:
         return ""
     if not served or not alone:
         return "n/a"
     rps = median(served["throughput"]) / median(alone["throughput"])
     p99 = median(served["p99_ms"]) / median(alone["p99_ms"])
-    met = rps >= TARGET_RPS_RATIO and p99 <= TARGET_P99_RATIO
+    met = rps >= rps_target and (p99_target is None or p99 <= p99_target)
     return f"{'met' if met else '**missed**'} ({rps:.2f}x req/s, {p99:.2f}x p99)"
 
 
 def markdown(results: dict) -> str:
     image = results["image"]
+    lineup = LINEUPS[results.get("runtime", "torchserve")]
+    servers, others = lineup.servers, [k for k in lineup.servers if k != lineup.reference]
+    concurrencies = " and c=".join(map(str, TARGET_CONCURRENCY))
     lines = [
         "# Serving image vs the same configuration outside a container", "",
         f"Started {results['started']}, took {results['duration_s']:.0f} s. Command: `{results['command']}`", "",
@@ -436,26 +489,24 @@ def markdown(results: dict) -> str:
         f"{N_IMAGES} held-out PNG digits (dark on white, 112x112) cycled, raw to `{BODIES['png']}` or as KServe v1 "
         f"`{{\"instances\": [{{\"data\": <base64>}}]}}` to `{BODIES['v1']}`. CPU: 100% = one core, per process tree "
         "(container: its PID 1 and descendants, seen from the host).",
-        "- Servers: `container` = the image as the ServingRuntime runs it (nginx front), port 8080 published on "
-        "127.0.0.1; `host nginx` / `host aiohttp` = `python -m serving.kserve_runtime --front nginx|aiohttp` on the "
-        "host with the same /mnt/models directory; `torchserve` = TorchServe alone on the host, same "
-        f"config.properties, requests straight to 127.0.0.1:{INFERENCE_PORT} (no front, no key). "
-        "CPU µs/request = the server's CPU time per answered request (its whole process tree): the cost that "
-        "decides throughput once both cores are busy, and the figure least disturbed by other work on the machine.",
+        f"- Servers: {lineup.servers_text} CPU µs/request = the server's CPU time per answered request (its whole "
+        "process tree): the cost that decides throughput once both cores are busy, and the figure least disturbed by "
+        "other work on the machine.",
         "",
         "## Start to ready", "",
         f"Container: from `{image['engine']} run -d` until `/v2/health/ready` answers 200, polled every 0.1 s (the "
         "gateway caches readiness for 1 s), on an otherwise idle server; the other columns are the starts of the "
-        "load rounds, polled the same way (TorchServe alone: a worker READY in its management API). Stop = "
+        f"load rounds, polled the same way{lineup.ready_text}. Stop = "
         f"`{image['engine']} rm -f -t {STOP_TIMEOUT_S}` / SIGTERM to the host process group until all exited.",
         "",
-        "| gallery | container s | container (load rounds) s | host nginx s | host aiohttp s | torchserve s | stop s "
-        "(container / host nginx / host aiohttp / torchserve) | .mar MB |", "|---|---|---|---|---|---|---|---|",
+        "| gallery | container s | " + " | ".join("container (load rounds) s" if k == "container" else f"{k} s"
+                                               for k in servers)
+        + f" | stop s ({' / '.join(servers)}) | .mar MB |", "|---" * (len(servers) + 4) + "|",
     ]
     for name, g in results["galleries"].items():
         s = g["servers"]
-        ready = " | ".join(fmt(s[k].get("start_to_ready_s"), 2) for k in SERVERS)
-        stops = " / ".join(fmt(s[k].get("stop_s"), 1) for k in SERVERS)
+        ready = " | ".join(fmt(s[k].get("start_to_ready_s"), 2) for k in servers)
+        stops = " / ".join(fmt(s[k].get("stop_s"), 1) for k in servers)
         lines.append(f"| {name} ({g['gallery_size']:,}, {g['index']}) | {fmt(g['container_start_to_ready_s'], 2)} | "
                      f"{ready} | {stops} | {g['mar_mb']} |")
     lines += ["", "## Throughput and latency", "",
@@ -464,7 +515,7 @@ def markdown(results: dict) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, g in results["galleries"].items():
         for kind in BODIES:
-            for server in SERVERS:
+            for server in servers:
                 entry = g["servers"][server]
                 if "error" in entry:
                     lines.append(f"| {name} | {kind} | {server} | | error: {entry['error'][:200]} | | | | | | |")
@@ -474,27 +525,24 @@ def markdown(results: dict) -> str:
                                  f"{fmt(r['p50_ms'], 1)} | {fmt(r['p99_ms'], 1)} | {r['errors']} | "
                                  f"{fmt(r['server_cpu_pct'], 0)} | {cpu_per_request(r)} | "
                                  f"{fmt(r['loadgen_cpu_pct'], 0)} |")
-    lines += ["", "## Against TorchServe alone", "",
-              f"Target: the image (`container`) serves >= {TARGET_RPS_RATIO:g}x the req/s of TorchServe alone at "
-              f"c={' and c='.join(map(str, TARGET_CONCURRENCY))}, with p99 no worse than {TARGET_P99_RATIO:g}x. "
-              "Ratios of medians; `host aiohttp` is the Python gateway the image ran before.", "",
-              "| gallery | body | c | container req/s | host nginx req/s | host aiohttp req/s | container p99 | "
-              "host nginx p99 | host aiohttp p99 | target (container) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", f"## Against {lineup.against}", "",
+              f"Target: the image (`container`) serves >= {lineup.rps_target:g}x "
+              + lineup.target_text.format(c=concurrencies, p99=lineup.p99_target or 0), "",
+              "| gallery | body | c | " + " | ".join([f"{k} req/s" for k in others] + [f"{k} p99" for k in others])
+              + " | target (container) |", "|---" * (2 * len(others) + 4) + "|"]
     for name, g in results["galleries"].items():
         for kind in BODIES:
             for c in results["settings"]["concurrency"]:
-                rows = {k: row_at(g["servers"][k], kind, c) for k in SERVERS}
-                alone = rows["torchserve"]
-                lines.append(f"| {name} | {kind} | {c} | {ratio(rows['container'], alone)} | "
-                             f"{ratio(rows['host nginx'], alone)} | {ratio(rows['host aiohttp'], alone)} | "
-                             f"{p99_ratio(rows['container'], alone)} | {p99_ratio(rows['host nginx'], alone)} | "
-                             f"{p99_ratio(rows['host aiohttp'], alone)} | {target_status(rows['container'], alone, c)} |")
+                rows = {k: row_at(g["servers"][k], kind, c) for k in servers}
+                alone = rows[lineup.reference]
+                cells = [ratio(rows[k], alone) for k in others] + [p99_ratio(rows[k], alone) for k in others]
+                lines.append(f"| {name} | {kind} | {c} | {' | '.join(cells)} | "
+                             f"{target_status(rows['container'], alone, c, lineup.rps_target, lineup.p99_target)} |")
     lines += ["", "## Rounds: load average (1/5/15 min) before and after each server's load, RSS after it", "",
               "| gallery | server | round | load start | load end | RSS MB | warm-up windows req/s (png; v1) |",
               "|---|---|---|---|---|---|---|"]
     for name, g in results["galleries"].items():
-        for server in SERVERS:
+        for server in servers:
             for i, r in enumerate(g["servers"][server]["rounds"], 1):
                 warm = "; ".join(", ".join(f"{v:.0f}" for v in r.get("warmup_rps", {}).get(k, [])) for k in BODIES)
                 lines.append(f"| {name} | {server} | {i} | {r.get('load_start')} | {r.get('load_end')} | "
@@ -511,6 +559,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=2, help="trials per figure (default 2)")
     p.add_argument("--starts", type=int, default=3, help="container start-to-ready runs per gallery (default 3)")
     p.add_argument("--gallery", default="5k,60k", help="comma-separated: 5k (artifacts/), 60k (Fashion-MNIST)")
+    p.add_argument("--runtime", choices=sorted(LINEUPS), default="torchserve",
+                   help="the serving image to measure (default torchserve; python: the JRE-free image against "
+                        "the python runtime on the host, report container-python.md)")
     p.add_argument("--build-args", default=os.environ.get("BUILD_IMAGES_ARGS", ""),
                    help="extra scripts/build-images.sh options (default $BUILD_IMAGES_ARGS)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="output directory")
@@ -533,31 +584,32 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.container: neither podman nor docker is installed", file=sys.stderr)
         return 2
     started = time.time()
-    results = {"schema_version": 1, "started": datetime.now(UTC).isoformat(timespec="seconds"),
+    lineup = LINEUPS[args.runtime]
+    results = {"schema_version": 1, "runtime": args.runtime, "started": datetime.now(UTC).isoformat(timespec="seconds"),
                "command": command_line(argv if argv is not None else sys.argv[1:]), "machine": env.machine(),
                "versions": env.versions(), "load_start": load(),
                "settings": {"trials": args.trials, "duration_s": args.duration, "concurrency": args.concurrency,
                             "starts": args.starts, "build_args": args.build_args, "request_images": N_IMAGES}}
     log("building/checking the serving image")
-    images = build_image(shlex.split(args.build_args))
+    images = build_image(shlex.split(args.build_args), lineup.image)
     results["image"] = {"engine": images["engine"], "containers_conf": images.get("containers_conf"),
-                        **{k: images["serving"][k] for k in ("ref", "id", "size_bytes")}}
+                        **{k: images[lineup.image][k] for k in ("ref", "id", "size_bytes")}}
     results["galleries"] = {}
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-container-") as tmp:
         os.chmod(tmp, 0o755)  # the image's uid 10001 reads the staged directory through the bind mount
         for name in args.gallery.split(","):
             log(f"gallery {name}")
-            results["galleries"][name] = run_gallery(name, images, args, Path(tmp))
+            results["galleries"][name] = run_gallery(name, images, args, Path(tmp), lineup)
             write(results, args.out, started)  # a later gallery's failure keeps this one's figures
-    log(f"wrote {args.out}/container.md and container.summary.json in {results['duration_s']:.0f} s")
+    log(f"wrote {args.out}/{lineup.report}.md and {lineup.report}.summary.json in {results['duration_s']:.0f} s")
     return 0
 
 
 def write(results: dict, out: Path, started: float) -> None:
     results["load_end"] = load()
     results["duration_s"] = round(time.time() - started, 1)
-    output.write(out, "container", results, markdown(results))
+    output.write(out, LINEUPS[results["runtime"]].report, results, markdown(results))
 
 
 if __name__ == "__main__":
