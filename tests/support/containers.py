@@ -151,9 +151,12 @@ class Container:
         return out[0], int(out[1])
 
     def logs(self, since: str | None = None) -> str:
-        """Its log (stdout and stderr), or the part written from `since` (an RFC 3339 time) on."""
-        result = self._cli("logs", *(["--since", since] if since else []), self.name, check=False)
-        return result.stdout + result.stderr
+        """Its log, stdout and stderr in the order written (as the kubelet keeps it), or the part written from
+        `since` (an RFC 3339 time) on."""
+        env = {**os.environ, **({"CONTAINERS_CONF": self.conf} if self.conf else {})}
+        result = subprocess.run([self.engine, "logs", *(["--since", since] if since else []), self.name],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, env=env)
+        return result.stdout
 
     def inspect(self) -> dict:
         return json.loads(self._cli("inspect", "--format", "json", self.name).stdout)[0]

@@ -24,14 +24,21 @@ gives (checked with kubectl 1.32 and Debian's kubectl 1.20):
 - labelSelector (equality) and fieldSelector (an event's involvedObject.*); pods/log from the container's own log
   since its current start (`container`, `tailLines`); metrics.k8s.io/v1beta1 PodMetrics from the engine's stats of
   the container.
-- A kubelet for each pod: readiness is the composed readinessProbe against the container, every periodSeconds; a
-  container that exits is started again (restartCount, lastState.terminated with its exit code and reason Error or
-  OOMKilled); the events it records (Scheduled, Pulled, Created, Started, Unhealthy), counted as the event
-  recorder aggregates them; and KServe's InferenceServiceReady event (kserve v0.15.2
-  pkg/controller/v1beta1/inferenceservice/controller.go, Reconcile; source v1beta1Controllers, cmd/manager).
+- The pod's container as Knative's revision reconciler writes it (support.kserve_compose.knative_deployment_container:
+  the port renamed user-port, the HTTP readiness probe moved to the queue-proxy) with the terminationMessagePolicy
+  makeContainer gives it, FallbackToLogsOnError (knative.dev/serving pkg/reconciler/revision/resources/deploy.go):
+  a container that fails leaves the tail of its log (80 lines, 2 KiB) as lastState.terminated.message.
+- A kubelet for each pod: readiness is the composed readinessProbe against the container every periodSeconds, false
+  after failureThreshold failures in a row; a container that exits is started again (restartCount, lastState
+  .terminated with its exit code and reason Error or OOMKilled, the phase stays Running); the events it records
+  (Pulled, Created, Started, Unhealthy), counted as client-go's recorder aggregates them; the scheduler's
+  Scheduled, written through events.k8s.io/v1 (eventTime, no lastTimestamp); and KServe's InferenceServiceReady
+  event (kserve v0.15.2 pkg/controller/v1beta1/inferenceservice/controller.go, Reconcile; source
+  v1beta1Controllers, cmd/manager/main.go).
 
 Not here: writes, watches, port-forward and exec (their stream protocols), the liveness probe, Knative's
-queue-proxy container (the pod shows only kserve-container).
+queue-proxy container (the pod shows only kserve-container), set-based selectors and the log options other than
+container and tailLines (each answers 400).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from support.containers import Container
+from support.kserve_compose import knative_deployment_container
 from support.http import send_json
 from support.k8s_standin import KubernetesStandin, _status
 
@@ -151,10 +159,18 @@ def jsonpath_first(obj: Any, path: str) -> Any:
     return values[0] if values else None
 
 
+class SelectorError(ValueError):
+    pass
+
+
 def matches(labels: dict, selector: str) -> bool:
-    """An equality-based label (or field) selector: `k=v`, `k==v`, `k!=v`, comma-separated."""
+    """An equality-based label (or field) selector: `k=v`, `k==v`, `k!=v`, comma-separated; SelectorError for
+    anything else (set-based selectors are not emulated)."""
     for term in filter(None, selector.split(",")):
-        key, op, value = re.match(r"^([^!=]+)(!=|==|=)(.*)$", term).groups()
+        parsed = re.match(r"^([^!=()\s]+)(!=|==|=)([^!=()\s]*)$", term)
+        if parsed is None:
+            raise SelectorError(f"unable to parse requirement: {term!r} (only equality selectors are emulated)")
+        key, op, value = parsed.groups()
         if (labels.get(key) == value) != (op != "!="):
             return False
     return True
@@ -175,6 +191,7 @@ class Pod:
     restarts: int = 0
     last_state: dict = field(default_factory=dict)
     ready: bool = False
+    failures: int = 0  # readiness probe failures in a row
     started_at: str = ""
     next_probe: float = 0.0
 
@@ -194,15 +211,16 @@ class Pod:
                   "state": ({"running": {"startedAt": rfc3339(epoch_of(state["StartedAt"]))}} if running else
                             {"terminated": {"exitCode": state["ExitCode"], "reason": _exit_reason(state)}}),
                   "lastState": copy.deepcopy(self.last_state)}
-        spec = {**self.spec, "name": CONTAINER}
-        spec["ports"] = [{k: v for k, v in p.items() if k != "hostPort"} for p in self.spec.get("ports", [])]
+        spec = knative_deployment_container({**self.spec, "name": CONTAINER, "ports": [
+            {k: v for k, v in p.items() if k != "hostPort"} for p in self.spec.get("ports", [])]})
+        spec["terminationMessagePolicy"] = "FallbackToLogsOnError"
         qos = "Guaranteed" if limits and limits == requests else "Burstable"
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid,
                              "labels": dict(self.labels), "creationTimestamp": rfc3339(self.created)},
                 "spec": {"containers": [spec], "nodeName": NODE, "restartPolicy": "Always",
                          "serviceAccountName": "default"},
-                "status": {"phase": "Running" if running else "Failed", "conditions": conditions,
+                "status": {"phase": "Running", "conditions": conditions,
                            "hostIP": "127.0.0.1", "podIP": ip, "podIPs": [{"ip": ip}] if ip else [],
                            "startTime": rfc3339(self.created), "containerStatuses": [status], "qosClass": qos}}
 
@@ -225,10 +243,11 @@ class OperatorAPI:
         self.objects: dict[tuple[str, str, str], dict] = {}  # (resource, namespace, name) -> object
         self.events: list[dict] = []
         self.ready_isvcs: set[str] = set()
-        self.requests: list[str] = []
+        self.error: BaseException | None = None  # what stopped the kubelet, if anything did
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ what is in the cluster
 
@@ -258,7 +277,7 @@ class OperatorAPI:
         with self._lock:
             self.pods.append(pod)
             self._event(pod, "Scheduled", f"Successfully assigned {self.namespace}/{pod.name} to {NODE}",
-                        source="default-scheduler", path="")
+                        source="default-scheduler", path="", series=True)
             self._started(pod, image)
         return pod
 
@@ -268,9 +287,10 @@ class OperatorAPI:
         self._event(pod, "Started", f"Started container {CONTAINER}")
 
     def _event(self, pod: Pod | None, reason: str, message: str, kind: str = "Normal", source: str = "kubelet",
-               path: str | None = None, obj: dict | None = None) -> None:
+               path: str | None = None, obj: dict | None = None, series: bool = False) -> None:
         """Record an event, aggregated as client-go's recorder does: the same object, reason and message add to
-        the count of the one already there."""
+        the count of the one already there. `series`: written through events.k8s.io/v1, as the scheduler does,
+        which the core/v1 view shows with eventTime and without first/lastTimestamp or count."""
         involved = obj or {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid,
                            "apiVersion": "v1",
                            **({"fieldPath": f"spec.containers{{{CONTAINER}}}"} if path is None else {})}
@@ -280,14 +300,17 @@ class OperatorAPI:
                 event["count"] += 1
                 event["lastTimestamp"] = now
                 return
-        self.events.append({
+        event = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": f"{involved['name']}.{len(self.events):016x}", "namespace": involved["namespace"],
                          "creationTimestamp": now, "uid": f"event-{len(self.events)}"},
             "involvedObject": involved, "reason": reason, "message": message, "type": kind, "count": 1,
             "source": {"component": source, **({"host": NODE} if source == "kubelet" else {})},
             "firstTimestamp": now, "lastTimestamp": now, "reportingComponent": source,
-            "reportingInstance": NODE if source == "kubelet" else ""})
+            "reportingInstance": NODE if source == "kubelet" else ""}
+        if series:
+            event.update(eventTime=now, source={}, firstTimestamp=None, lastTimestamp=None, count=0)
+        self.events.append(event)
 
     # ------------------------------------------------------------------ the kubelet and KServe's events
 
@@ -302,12 +325,16 @@ class OperatorAPI:
         inspect = pod.container.inspect()
         state = inspect["State"]
         if state["Status"] == "exited":
-            pod.last_state = {"terminated": {"exitCode": state["ExitCode"], "reason": _exit_reason(state),
-                                             "startedAt": rfc3339(epoch_of(state["StartedAt"])),
-                                             "finishedAt": rfc3339(epoch_of(state["FinishedAt"])),
-                                             "containerID": f"podman://{inspect['Id']}"}}
+            terminated = {"exitCode": state["ExitCode"], "reason": _exit_reason(state),
+                          "startedAt": rfc3339(epoch_of(state["StartedAt"])),
+                          "finishedAt": rfc3339(epoch_of(state["FinishedAt"])),
+                          "containerID": f"podman://{inspect['Id']}"}
+            if state["ExitCode"] != 0:  # FallbackToLogsOnError: the log's last 80 lines, at most 2 KiB
+                tail = "".join(pod.container.logs(since=pod.started_at).splitlines(keepends=True)[-80:])
+                terminated["message"] = tail.encode()[-2048:].decode(errors="ignore")
+            pod.last_state = {"terminated": terminated}
             pod.restarts += 1
-            pod.ready = False
+            pod.ready, pod.failures = False, 0
             pod.container.start()
             pod.started_at = pod.container.inspect()["State"]["StartedAt"]
             self._started(pod, Pod.container_image(inspect))
@@ -325,12 +352,15 @@ class OperatorAPI:
             code = exc.code
         except OSError:
             code = 0
-        pod.ready = 200 <= code < 400
-        if not pod.ready:
-            target = f"http://{(inspect.get('NetworkSettings') or {}).get('IPAddress') or '127.0.0.1'}:{port}{path}"
-            why = (f"HTTP probe failed with statuscode: {code}" if code else
-                   f'Get "{target}": dial tcp: connect: connection refused')
-            self._event(pod, "Unhealthy", f"Readiness probe failed: {why}", kind="Warning")
+        if 200 <= code < 400:
+            pod.ready, pod.failures = True, 0
+            return
+        pod.failures += 1
+        pod.ready = pod.ready and pod.failures < int(probe.get("failureThreshold", 3))
+        ip = (inspect.get("NetworkSettings") or {}).get("IPAddress") or "127.0.0.1"
+        why = (f"HTTP probe failed with statuscode: {code}" if code else
+               f'Get "http://{ip}:{port}{path}": dial tcp {ip}:{port}: connect: connection refused')
+        self._event(pod, "Unhealthy", f"Readiness probe failed: {why}", kind="Warning")
 
     def _isvc_events(self) -> None:
         for (resource, namespace, name), obj in list(self.standin.objects.items()):
@@ -346,11 +376,11 @@ class OperatorAPI:
             (self.ready_isvcs.add if ready else self.ready_isvcs.discard)(name)
 
     def _kubelet(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
+        try:
+            while not self._stop.wait(0.5):
                 self.sync()
-            except AssertionError:  # the engine could not answer (a container being removed): next turn
-                continue
+        except Exception as exc:  # kept for the test to show: a kubelet that stopped turns nothing ready again
+            self.error = exc
 
     # ------------------------------------------------------------------ the API
 
@@ -370,7 +400,6 @@ class OperatorAPI:
         """(status, body, content type) for a GET."""
         url = urllib.parse.urlsplit(path)
         query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
-        self.requests.append(path)
         if url.path == "/api":
             return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}, ""
         if url.path == "/apis":
@@ -399,7 +428,10 @@ class OperatorAPI:
                         "fieldSelector": lambda o: _fields(o)}
             for param, fields in selector.items():
                 if query.get(param):
-                    objects = [o for o in objects if matches(fields(o), query[param])]
+                    try:
+                        objects = [o for o in objects if matches(fields(o), query[param])]
+                    except SelectorError as exc:
+                        return 400, _status(400, "BadRequest", str(exc)), ""
             if group == "metrics.k8s.io":
                 objects = [self._metrics(o) for o in objects]
             kind = next(k for r, _, k, _ in listed if r == resource)
@@ -421,9 +453,13 @@ class OperatorAPI:
         if wanted != CONTAINER:
             return 400, _status(400, "BadRequest", f"container {wanted} is not valid for pod "
                                 f"{pod['metadata']['name']}"), ""
+        unsupported = sorted(set(query) - {"container", "tailLines", "follow"})
+        if unsupported or query.get("follow") == "true":
+            return 400, _status(400, "BadRequest", f"not emulated by this stand-in: {', '.join(unsupported)}"), ""
         backing = next(p for p in self.pods if p.name == pod["metadata"]["name"])
         text = backing.container.logs(since=backing.started_at)
-        lines = text.splitlines(keepends=True)
+        lines = text.split("\n")
+        lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
         if query.get("tailLines"):
             lines = lines[-int(query["tailLines"]):] if int(query["tailLines"]) else []
         return 200, "".join(lines), "text/plain"
@@ -463,9 +499,9 @@ class OperatorAPI:
             def do_GET(self) -> None:
                 status, body, content_type = api.handle(self.path, self.headers.get("Accept", ""))
                 if content_type == "text/plain":
-                    data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                    data = body.encode()
                     self.send_response(status)
-                    self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
+                    self.send_header("Content-Type", "text/plain")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)
@@ -482,12 +518,14 @@ class OperatorAPI:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        threading.Thread(target=self._kubelet, daemon=True).start()
+        self._thread = threading.Thread(target=self._kubelet, daemon=True)
+        self._thread.start()
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def __exit__(self, *exc: Any) -> None:
         assert self._server is not None
         self._stop.set()
+        self._thread.join(timeout=60)  # no probe or restart of the container after this
         self._server.shutdown()
         self._server.server_close()
 
@@ -518,14 +556,16 @@ def _pod_cells(pod: dict) -> list:
 
 
 def _event_cells(event: dict) -> list:
-    """printEvent: last seen (with the count, as `3m (x4 over 5m)`), type, reason, kind/name, and the wide cells."""
+    """printEvent: last seen, type, reason, kind/name, message, and the wide cells (subobject, source, first seen,
+    count, name); an events.k8s.io event (no first/lastTimestamp) is dated by its eventTime, its source by its
+    reportingComponent."""
     involved = event["involvedObject"]
-    last, first = since(event["lastTimestamp"]), since(event["firstTimestamp"])
-    if event["count"] > 1:
-        last = f"{last} (x{event['count']} over {first})"
-    source = ", ".join(filter(None, (event["source"].get("component"), event["source"].get("host"))))
+    first = since(event.get("firstTimestamp") or event.get("eventTime") or "")
+    last = since(event["lastTimestamp"]) if event.get("lastTimestamp") else first
+    source = ", ".join(filter(None, (event["source"].get("component"), event["source"].get("host")))) \
+        or event.get("reportingComponent", "")
     return [last, event["type"], event["reason"], f"{involved['kind'].lower()}/{involved['name']}",
-            involved.get("fieldPath", ""), source, event["message"].strip(), first, str(event["count"]),
+            involved.get("fieldPath", ""), source, event["message"].strip(), first, event["count"] or 1,
             event["metadata"]["name"]]
 
 

@@ -7,10 +7,12 @@ tests/e2e/test_kserve_container.py."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from support.k8s_standin import KubernetesStandin
-from support.kube_operator import ISVC_COLUMNS, OperatorAPI, human_duration, jsonpath_first, matches
+from support.kube_operator import (ISVC_COLUMNS, OperatorAPI, SelectorError, _event_cells, human_duration,
+                                  jsonpath_first, matches)
 
 from pipeline.kserve_deploy.manifest import inference_service
 
@@ -70,3 +72,28 @@ def test_kserve_printer_columns_on_a_canary_split():
     assert (cells["LatestReadyRevision"], cells["PrevRolledoutRevision"]) == ("embedding-predictor-00002",
                                                                               "embedding-predictor-00001")
     assert jsonpath_first(isvc, ".status.conditions[?(@.type=='Nope')].status") is None
+
+
+def test_event_rows_as_print_event_prints_them():
+    """printEvent's cells: the last seen time alone (the `(xN over ...)` form is kubectl describe's), the count as
+    a number; an events.k8s.io event (the scheduler's) dated by its eventTime, its source its reporting component."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    involved = {"kind": "Pod", "name": "p", "namespace": "models", "fieldPath": "spec.containers{kserve-container}"}
+    kubelet = {"metadata": {"name": "p.1"}, "involvedObject": involved, "type": "Normal", "reason": "Started",
+               "message": "Started container kserve-container ", "count": 2, "source": {"component": "kubelet",
+                                                                                         "host": "node"},
+               "firstTimestamp": now, "lastTimestamp": now}
+    assert _event_cells(kubelet) == ["0s", "Normal", "Started", "pod/p", "spec.containers{kserve-container}",
+                                     "kubelet, node", "Started container kserve-container", "0s", 2, "p.1"]
+    scheduler = {**kubelet, "reason": "Scheduled", "count": 0, "source": {}, "firstTimestamp": None,
+                 "lastTimestamp": None, "eventTime": now, "reportingComponent": "default-scheduler",
+                 "involvedObject": {**involved, "fieldPath": ""}}
+    cells = _event_cells(scheduler)
+    assert (cells[0], cells[5], cells[7], cells[8]) == ("0s", "default-scheduler", "0s", 1)
+
+
+def test_an_unparsable_selector_is_refused_not_ignored():
+    with pytest.raises(SelectorError):
+        matches({"a": "b"}, "a in (b,c)")
+    with pytest.raises(SelectorError):
+        matches({"a": "b"}, "!a")
