@@ -13,7 +13,8 @@ from settings import REPO
 RESULTS = REPO / "bench" / "results"
 #: The committed reference report of each benchmark and its renderer: the summary beside it renders it exactly.
 RENDERERS = {"shipped-digits/results": report.markdown, "latency": latency.markdown,
-             "container": container.markdown, "client-batch": client_batch.markdown}
+             "container": container.markdown, "container-python": container.markdown,
+             "client-batch": client_batch.markdown}
 
 
 def test_compact_drops_raw_records_and_the_values_behind_medians_only():
