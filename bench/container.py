@@ -53,6 +53,7 @@ from handler.metadata import ModelMetadata
 from pipeline.kserve_deploy import API_KEY_ENV, INFERENCE_PORT, METRICS_PORT, TORCHSERVE_METRICS_PORT, stage_layout
 from serving.archive import build_mar
 from settings import DEFAULT_ARTIFACTS, MODEL_NAME, MODEL_VERSION, REPO
+from serving.runtimes import SERVING_RUNTIMES, ServingRuntime
 from serving.server import free_ports
 
 from . import env, output
@@ -64,7 +65,6 @@ from .series import aggregate, sweep, warm_until_steady
 from .stats import fmt, median, summarize
 
 MODEL, VERSION = MODEL_NAME, MODEL_VERSION
-RUNTIME_YAML = REPO / "deploy" / "kserve" / "servingruntime.yaml"
 IMAGES_JSON = REPO / "build" / "images.json"
 #: Host ports the staged config.properties binds (TorchServe's gRPC ports are its defaults).
 HOST_PORTS = (INFERENCE_PORT, INFERENCE_PORT + 1, METRICS_PORT, TORCHSERVE_METRICS_PORT, 7070, 7071)
@@ -85,8 +85,7 @@ TARGET_P99_RATIO = 1.2
 class Lineup:
     """The servers one run compares: the image of one serving runtime and what it is measured against."""
 
-    runtime_yaml: Path
-    image: str  # its key in build/images.json
+    runtime: ServingRuntime  # its ClusterServingRuntime file and image (serving.runtimes)
     servers: tuple[str, ...]
     reference: str  # the `container` row's target is a ratio to this server
     rps_target: float
@@ -100,7 +99,7 @@ class Lineup:
 
 LINEUPS = {
     "torchserve": Lineup(
-        RUNTIME_YAML, "serving", SERVERS, "torchserve", TARGET_RPS_RATIO, TARGET_P99_RATIO, "container",
+        SERVING_RUNTIMES["torchserve"], SERVERS, "torchserve", TARGET_RPS_RATIO, TARGET_P99_RATIO, "container",
         "`container` = the image as the ServingRuntime runs it (nginx front), port 8080 published on 127.0.0.1; "
         "`host nginx` / `host aiohttp` = `python -m serving.kserve_runtime --front nginx|aiohttp` on the host with "
         "the same /mnt/models directory; `torchserve` = TorchServe alone on the host, same config.properties, "
@@ -109,7 +108,7 @@ LINEUPS = {
         "the req/s of TorchServe alone at c={c}, with p99 no worse than {p99:g}x. Ratios of medians; `host aiohttp` "
         "is the Python gateway the image ran before."),
     "python": Lineup(
-        REPO / "deploy" / "kserve" / "servingruntime-python.yaml", "serving-python", ("container", "host"), "host",
+        SERVING_RUNTIMES["python"], ("container", "host"), "host",
         0.95, None, "container-python",
         "`container` = the JRE-free image as servingruntime-python.yaml runs it, port 8080 published on 127.0.0.1; "
         "`host` = the same `python -m serving.python_runtime` command on the host with the same /mnt/models "
@@ -217,7 +216,7 @@ class Server:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def runtime_spec(path: Path = RUNTIME_YAML) -> tuple[list[str], dict[str, str], int | None]:
+def runtime_spec(path: Path) -> tuple[list[str], dict[str, str], int | None]:
     """(command, env, uid) of a shipped ServingRuntime's predictor container."""
     (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
     (spec,) = doc["spec"]["containers"]
@@ -228,7 +227,7 @@ def runtime_spec(path: Path = RUNTIME_YAML) -> tuple[list[str], dict[str, str], 
 def start_container(images: dict, mnt: Path, name: str, lineup: Lineup = LINEUPS["torchserve"]) -> Server:
     """`podman run -d` as the ServingRuntime describes it; ready when /v2/health/ready answers 200. On failure its
     last log lines are shown and the container is removed."""
-    command, environ, uid = runtime_spec(lineup.runtime_yaml)
+    command, environ, uid = runtime_spec(lineup.runtime.manifest)
     key = secrets.token_hex(16)
     port = free_ports(1)[0]
     base = f"http://127.0.0.1:{port}"
@@ -243,7 +242,7 @@ def start_container(images: dict, mnt: Path, name: str, lineup: Lineup = LINEUPS
         subprocess.run([*engine, "rm", "-f", "-t", str(STOP_TIMEOUT_S), name], capture_output=True, env=cli_env)
 
     started = time.perf_counter()
-    done = subprocess.run([*engine, "run", "-d", "--name", name, *options, images[lineup.image]["ref"], *command[1:]],
+    done = subprocess.run([*engine, "run", "-d", "--name", name, *options, images[lineup.runtime.image]["ref"], *command[1:]],
                           capture_output=True, text=True, env=cli_env)
     if done.returncode != 0:
         raise RuntimeError(f"{images['engine']} run failed: {done.stderr.strip()[-300:]}")
@@ -591,9 +590,9 @@ def main(argv: list[str] | None = None) -> int:
                "settings": {"trials": args.trials, "duration_s": args.duration, "concurrency": args.concurrency,
                             "starts": args.starts, "build_args": args.build_args, "request_images": N_IMAGES}}
     log("building/checking the serving image")
-    images = build_image(shlex.split(args.build_args), lineup.image)
+    images = build_image(shlex.split(args.build_args), lineup.runtime.image)
     results["image"] = {"engine": images["engine"], "containers_conf": images.get("containers_conf"),
-                        **{k: images[lineup.image][k] for k in ("ref", "id", "size_bytes")}}
+                        **{k: images[lineup.runtime.image][k] for k in ("ref", "id", "size_bytes")}}
     results["galleries"] = {}
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-container-") as tmp:

@@ -106,9 +106,12 @@ class Container:
     conf: str | None = None
     env: dict[str, str] = field(default_factory=dict)
 
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, **({"CONTAINERS_CONF": self.conf} if self.conf else {})}
+
     def _cli(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-        env = {**os.environ, **({"CONTAINERS_CONF": self.conf} if self.conf else {})}
-        result = subprocess.run([self.engine, *args], capture_output=True, text=True, timeout=timeout, env=env)
+        result = subprocess.run([self.engine, *args], capture_output=True, text=True, timeout=timeout,
+                                env=self._env())
         if check and result.returncode != 0:
             raise AssertionError(f"{self.engine} {' '.join(args[:3])}... failed: {result.stderr[-2000:]}")
         return result
@@ -153,9 +156,9 @@ class Container:
     def logs(self, since: str | None = None) -> str:
         """Its log, stdout and stderr in the order written (as the kubelet keeps it), or the part written from
         `since` (an RFC 3339 time) on."""
-        env = {**os.environ, **({"CONTAINERS_CONF": self.conf} if self.conf else {})}
         result = subprocess.run([self.engine, "logs", *(["--since", since] if since else []), self.name],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, env=env)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+                                env=self._env())
         return result.stdout
 
     def inspect(self) -> dict:

@@ -381,7 +381,7 @@ class KubernetesStandin:
             if key in self.objects:
                 return 409, _status(409, "AlreadyExists", f'{kind} "{key[2]}" already exists')
             obj["metadata"].update(namespace=namespace, resourceVersion=str(next(self._versions)),
-                                   creationTimestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                                   creationTimestamp=rfc3339(time.time()))
             obj.pop("status", None)
             if resource == "inferenceservices":
                 obj["metadata"]["generation"] = 1
@@ -465,6 +465,11 @@ class KubernetesStandin:
         assert self._server is not None
         self._server.shutdown()
         self._server.server_close()
+
+
+def rfc3339(epoch: float) -> str:
+    """A time as the API server writes metadata timestamps: whole seconds, UTC."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def _status(code: int, reason: str, message: str) -> dict:

@@ -51,17 +51,15 @@ import re
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from support.containers import Container
+from support.containers import Container, http_get
 from support.kserve_compose import knative_deployment_container
 from support.http import send_json
-from support.k8s_standin import KubernetesStandin, _status
+from support.k8s_standin import KubernetesStandin, _status, rfc3339
 
 NODE = socket.gethostname()  # the machine the containers run on
 CONTAINER = "kserve-container"
@@ -99,10 +97,6 @@ ISVC_COLUMNS = [("URL", "string", ".status.url"), ("Ready", "string", ".status.c
                  ".status.components.predictor.traffic[?(@.latestRevision==true)].revisionName"),
                 ("Age", "date", ".metadata.creationTimestamp")]
 JSONPATH_STEP = re.compile(r"\.(\w+)|\[\?\(@\.(\w+)==(?:'([^']*)'|(true|false))\)\]")
-
-
-def rfc3339(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(int(epoch), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def epoch_of(stamp: str) -> float:
@@ -346,11 +340,8 @@ class OperatorAPI:
         pod.next_probe = time.monotonic() + float(probe.get("periodSeconds", 10))
         path, port = probe["httpGet"]["path"], probe["httpGet"]["port"]
         try:
-            with urllib.request.urlopen(pod.url + path, timeout=float(probe.get("timeoutSeconds", 1))) as answer:
-                code = answer.status
-        except urllib.error.HTTPError as exc:
-            code = exc.code
-        except OSError:
+            code = http_get(pod.url + path, timeout=float(probe.get("timeoutSeconds", 1)))[0]
+        except OSError:  # refused, reset or timed out
             code = 0
         if 200 <= code < 400:
             pod.ready, pod.failures = True, 0

@@ -37,4 +37,4 @@ def test_the_python_runtimes_target_is_throughput_against_itself_on_the_host():
 def test_each_lineup_starts_only_servers_it_reports_and_its_reference_is_one_of_them():
     for lineup in LINEUPS.values():
         assert lineup.servers[0] == "container" and lineup.reference in lineup.servers[1:]
-        assert lineup.runtime_yaml.is_file()
+        assert lineup.runtime.manifest.is_file()
