@@ -1,5 +1,6 @@
 # The PIPELINE COMPONENT image: every Kubeflow task of the pipeline runs in it. Python 3.11 and Java 17
-# (a task packs the .mar with torch-model-archiver and smoke-tests it on a local TorchServe), CPU torch,
+# (a task packs the .mar with torch-model-archiver and smoke-tests it on a local TorchServe), g++ (the train
+# task compiles the int8 model ahead of time: training/quantize.py; the serving images need none), CPU torch,
 # exactly the pins of requirements/product.lock, and the project's packages on PYTHONPATH. Nothing is
 # pip-installed when a task starts (components use install_kfp_package=False, packages_to_install=[]).
 #   scripts/build-images.sh --only pipeline [--push REGISTRY/PREFIX]   # content-hash tag; see --help
@@ -13,7 +14,7 @@ FROM ${BASE_IMAGE}
 
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      ca-certificates python3 python3-venv openjdk-17-jre-headless \
+      ca-certificates python3 python3-venv openjdk-17-jre-headless g++ \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb
 
 # Non-root. /gcs, /minio and /s3 are where KFP's launcher puts artifacts: KFP backends before 2.3 do

@@ -126,7 +126,8 @@ def tiny_artifacts(tmp_path_factory, prepared_sample) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_int8_artifacts(tmp_path_factory, prepared_sample) -> Path:
-    """tiny_artifacts' recipe with ``quantize="int8"``: model.pt is the int8 network, the gallery built with it."""
+    """tiny_artifacts' recipe with ``quantize="int8"``: model.pt2 is the int8 network (an AOTInductor package), the
+    gallery built with it."""
     from training.steps import build_gallery, evaluate_and_finalize, train_and_export
     from training.train import TrainConfig
 

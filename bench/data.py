@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from handler import preprocessing
-from handler.artifacts import INDEX_FILE, METADATA_FILE, MODEL_FILE
+from handler.artifacts import INDEX_FILE, METADATA_FILE
 from handler.metadata import ModelMetadata
+from handler.network import load_network
 from handler.search import gallery_vectors as stored_vectors
 from serving.samples import user_digit_png
 
@@ -74,7 +75,9 @@ def gallery_vectors(artifacts: Path) -> np.ndarray:
 
 def embed_images(artifacts: Path, images: np.ndarray) -> np.ndarray:
     """Embeddings of raw uint8 images through the shared preprocessing and the artifacts' model."""
-    model = torch.jit.load(str(artifacts / MODEL_FILE), map_location="cpu").eval()
+    meta = ModelMetadata.read(artifacts)
+    model = load_network(artifacts / meta.model_file, meta.model_format, meta.quantization,
+                         embedding_dim=meta.embedding_dim)
     x = torch.from_numpy(preprocessing.normalize(preprocessing.canvases_from_arrays(images)))
     with torch.inference_mode():
         return torch.cat([model(x[i:i + 256]) for i in range(0, len(x), 256)]).numpy().astype(np.float32)
@@ -123,7 +126,7 @@ def _fashion_artifacts(cache_dir: Path, log: Log) -> tuple[dict[str, Path], dict
             evaluate_and_finalize(data, staging, plots=False, log=quiet)
     for kind in (k for k in missing if k != "flat"):
         with staged_directory(variants[kind]) as staging:
-            for name in (MODEL_FILE, "train.json"):
+            for name in (ModelMetadata.read(variants["flat"]).model_file, "train.json"):
                 shutil.copy2(variants["flat"] / name, staging / name)
             build_gallery(data, staging, kind, FASHION_SEED, log=quiet)
             evaluate_and_finalize(data, staging, plots=False, log=quiet)

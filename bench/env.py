@@ -11,7 +11,7 @@ from typing import Any
 
 import psutil
 
-PACKAGES = ("torch", "faiss-cpu", "numpy", "pillow", "torchserve", "torch-model-archiver", "grpcio",
+PACKAGES = ("torch", "torchao", "faiss-cpu", "numpy", "pillow", "torchserve", "torch-model-archiver", "grpcio",
             "litserve", "fastapi", "uvicorn")
 
 

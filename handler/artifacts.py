@@ -10,20 +10,22 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .metadata import METADATA_FILE, SWITCH_SECTION, ArtifactError, ModelMetadata, read_metadata
+from .metadata import METADATA_FILE, MODEL_FILES, SWITCH_SECTION, ArtifactError, ModelMetadata, read_metadata
 
 if TYPE_CHECKING:
     from .search import EnrolledSwitch
 
-MODEL_FILE = "model.pt"
+#: The float network (TorchScript); the int8 one is model.pt2 (metadata.MODEL_FILES, ModelMetadata.model_file).
+MODEL_FILE = MODEL_FILES["torchscript"]
 INDEX_FILE = "index.faiss"
 LABELS_FILE = "labels.json"
 #: Per gallery item, where training took it from: {"kind": "file" | "dataset_index", "ids": [...]}.
 SOURCES_FILE = "sources.json"
 #: The same network as model.pt exported to ONNX, for the optional onnxruntime runtime (handler.runtime).
 ONNX_FILE = "model.onnx"
-#: Files whose SHA-256 metadata.json records and the handler verifies before loading anything.
-CHECKSUMMED = (MODEL_FILE, INDEX_FILE, LABELS_FILE)
+#: Files whose SHA-256 metadata.json records and the handler verifies before loading anything, besides the network's
+#: own file (required_files).
+CHECKSUMMED = (INDEX_FILE, LABELS_FILE)
 #: Checksummed when present: artifacts trained before sources.json existed load and serve without it, and
 #: model.onnx is only written when training had onnx/onnxruntime installed.
 OPTIONAL_CHECKSUMMED = (SOURCES_FILE, ONNX_FILE)
@@ -89,12 +91,17 @@ def open_set_settings(metadata: ModelMetadata) -> dict[str, Any]:
             "prototypes": prototypes}
 
 
+def required_files(metadata: ModelMetadata) -> tuple[str, ...]:
+    """The checksummed files every build holds: the network in the format metadata.json names, index, labels."""
+    return (metadata.model_file, *CHECKSUMMED)
+
+
 def verify_artifacts(directory: Path) -> ModelMetadata:
     """Check every checksummed file against metadata.json; return the metadata when all match."""
     directory = Path(directory)
     metadata = read_metadata(directory)
     recorded = metadata.sha256
-    for name in CHECKSUMMED:
+    for name in required_files(metadata):
         path = directory / name
         if not path.is_file():
             raise ArtifactError(f"{path}: missing")
@@ -106,6 +113,10 @@ def verify_artifacts(directory: Path) -> ModelMetadata:
                 f"{name}: SHA-256 {actual[:12]}… does not match {recorded[name][:12]}… recorded in {METADATA_FILE}"
                 " (artifact tampered with or mixed from another run)"
             )
+    for name in MODEL_FILES.values():
+        if name != metadata.model_file and (directory / name).exists():
+            raise ArtifactError(f"{directory / name}: present, but {METADATA_FILE} names {metadata.model_file} "
+                                f"({metadata.model_format}) as the network (mixed from another build?)")
     for name in OPTIONAL_CHECKSUMMED:
         path = directory / name
         if name in recorded:
@@ -121,14 +132,14 @@ def verify_artifacts(directory: Path) -> ModelMetadata:
 
 
 def quantization(metadata: ModelMetadata) -> str:
-    """``int8`` when model.pt is the quantized network (``python -m training --quantize int8``), else ``none``."""
+    """``int8`` when the network is quantized (``python -m training --quantize int8``), else ``none``."""
     return str(metadata.quantization.get("scheme", "none"))
 
 
 def artifact_files(metadata: ModelMetadata) -> tuple[str, ...]:
     """The checksummed files these artifacts hold: the required ones, and the optional ones they record."""
     recorded = metadata.sha256
-    return (*CHECKSUMMED, *(name for name in OPTIONAL_CHECKSUMMED if name in recorded))
+    return (*required_files(metadata), *(name for name in OPTIONAL_CHECKSUMMED if name in recorded))
 
 
 def read_sources(directory: Path, metadata: ModelMetadata, size: int) -> tuple[str, list[str | int]] | None:

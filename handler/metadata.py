@@ -4,8 +4,9 @@ Standard library only: it ships inside the .mar. Training writes it (training.st
 the archive builders, the pipeline and the report read it, all through :class:`ModelMetadata`.
 
 Schema versions: 1 is every file written before the field existed (the open-set threshold also at the top level,
-"threshold"); 2 records ``schema_version`` and the threshold once, in "open_set". Old files load; a file of a
-newer schema than this code reads is refused with a message that says so, rather than half-understood.
+"threshold"); 2 records ``schema_version`` and the threshold once, in "open_set"; 3 records ``model_format``, the
+form the network is stored in (MODEL_FILES; files of schema 1 and 2 hold a TorchScript model.pt). Old files load; a
+file of a newer schema than this code reads is refused with a message that says so, rather than half-understood.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 METADATA_FILE = "metadata.json"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: The network's file per format: the float model is TorchScript; the int8 model an AOTInductor package
+#: (torch.export + torchao PT2E, compiled ahead of time: training.quantize).
+MODEL_FILES = {"torchscript": "model.pt", "aotinductor": "model.pt2"}
+DEFAULT_MODEL_FORMAT = "torchscript"
 #: The section holding an enrolled gallery's class switch (handler.search.EnrolledSwitch), written by
 #: ``python -m training enroll`` for a gallery with classes the network was not trained on.
 SWITCH_SECTION = "enrolled_switch"
@@ -58,6 +63,13 @@ class ModelMetadata:
     enrolled_switch: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    #: How the network is stored (a key of MODEL_FILES).
+    model_format: str = DEFAULT_MODEL_FORMAT
+
+    @property
+    def model_file(self) -> str:
+        """The network's file name in the artifacts directory and the .mar (model.pt or model.pt2)."""
+        return MODEL_FILES[self.model_format]
 
     @property
     def threshold(self) -> float | None:
@@ -67,7 +79,7 @@ class ModelMetadata:
 
     @property
     def quantization(self) -> dict[str, Any]:
-        """training.quantization: {"scheme": "int8", "engine": ...} for a quantized model.pt, else {}."""
+        """training.quantization: {"scheme": "int8", ...} for a quantized network, else {}."""
         return dict(self.training.get("quantization") or {})
 
     @property
@@ -116,6 +128,9 @@ class ModelMetadata:
         if not isinstance(enrollment, list) or not all(isinstance(e, dict) for e in enrollment):
             raise ArtifactError(f"{where}: enrollment must be a list of objects")
         dim = data.pop("embedding_dim", None)
+        model_format = data.pop("model_format", DEFAULT_MODEL_FORMAT)
+        if model_format not in MODEL_FILES:
+            raise ArtifactError(f"{where}: model_format must be one of {', '.join(MODEL_FILES)}, got {model_format!r}")
         return cls(
             k=k, metrics=Metrics(float(accuracy), None if rejection is None else float(rejection)), sha256=sha256,
             created=str(data.pop("created", "")), dataset=_section(data, "dataset", where) or {},
@@ -124,12 +139,13 @@ class ModelMetadata:
             drift_baseline=_section(data, "drift_baseline", where),
             training=_section(data, "training", where) or {}, versions=_section(data, "versions", where) or {},
             enrollment=tuple(enrollment), enrolled_switch=_section(data, SWITCH_SECTION, where), extra=data,
-            schema_version=version)
+            schema_version=version, model_format=model_format)
 
     def to_json(self) -> dict[str, Any]:
         """The file's content, schema SCHEMA_VERSION, in a stable key order."""
         out: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION, "created": self.created, "dataset": self.dataset,
+            "schema_version": SCHEMA_VERSION, "created": self.created, "model_format": self.model_format,
+            "dataset": self.dataset,
             "embedding_dim": self.embedding_dim, "preprocessing": self.preprocessing, "index": self.index,
             "k": self.k, "open_set": self.open_set, "metrics": dataclasses.asdict(self.metrics),
             "drift_baseline": self.drift_baseline, "training": self.training, "versions": self.versions,

@@ -15,90 +15,22 @@ from .artifacts import (
     INDEX_FILE,
     LABELS_FILE,
     METADATA_FILE,
-    MODEL_FILE,
-    ONNX_FILE,
     SOURCE_KEYS,
     ArtifactError,
     enrolled_switch,
     open_set_settings,
-    quantization,
     read_sources,
     sha256_file,
     verify_artifacts,
 )
 from .answer import NO_INK, SEVERAL_DIGITS, Answer, Refusal, Result
 from .metadata import ModelMetadata
+from .network import DEFAULT_RUNTIME, AotiModel, OnnxModel, load_model
 from .preprocessing import DEFAULT_MAX_PIXELS, InvalidImageError, ProfileError, is_blank, profile_of
 from .requests import RequestError
 from .search import GallerySearcher
 
 logger = logging.getLogger(__name__)
-
-
-#: What runs the network: the TorchScript model.pt (the default, always present) or model.onnx in ONNX Runtime
-#: (optional: needs onnxruntime installed and artifacts trained with it; CPU only).
-RUNTIMES = ("torchscript", "onnxruntime")
-DEFAULT_RUNTIME = "torchscript"
-
-
-class OnnxModel:
-    """model.onnx in an onnxruntime InferenceSession on the CPU, called like the TorchScript model but on numpy:
-    (N, 1, 28, 28) float32 -> (N, D) float32."""
-
-    def __init__(self, path: Path, threads: int) -> None:
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise ArtifactError("handler.runtime=onnxruntime but onnxruntime is not installed on this worker "
-                                "(install it, or serve with runtime torchscript)") from None
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads  # as torch's threads setting: one per worker on the shipped 2 x 1
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.log_severity_level = 3  # errors only: no per-session info lines in the worker log
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.input = self.session.get_inputs()[0].name
-        self.threads = threads
-
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        return self.session.run(None, {self.input: np.ascontiguousarray(batch, dtype=np.float32)})[0]
-
-
-def load_model(model_dir: Path, metadata: ModelMetadata, device: str = "cpu", runtime: str = DEFAULT_RUNTIME,
-               threads: int | None = None) -> "torch.jit.ScriptModule | OnnxModel":
-    """The network of verified artifacts in `runtime`. onnxruntime: refused (ArtifactError, one line) on CUDA,
-    for artifacts without model.onnx, or without onnxruntime installed; ``threads`` intra-op threads (None or 0:
-    torch's current setting, which the handler sets from its own threads setting)."""
-    if runtime not in RUNTIMES:
-        raise ValueError(f"handler.runtime must be {' or '.join(RUNTIMES)}, got {runtime!r}")
-    scheme = quantization(metadata)
-    if scheme != "none":
-        if torch.device(device).type != "cpu":
-            raise ArtifactError(f"{Path(model_dir) / MODEL_FILE}: an {scheme} model (training --quantize {scheme}) runs "
-                                f"on the CPU only, not on {device} (set handler.device: cpu or auto, or train the "
-                                "float model with --quantize none)")
-        engine = str(metadata.quantization.get("engine", ""))
-        if engine not in torch.backends.quantized.supported_engines:
-            raise ArtifactError(f"{Path(model_dir) / MODEL_FILE}: quantized for the {engine!r} engine, which this torch "
-                                f"build lacks (it has {', '.join(torch.backends.quantized.supported_engines)})")
-        torch.backends.quantized.engine = engine
-    if runtime == "onnxruntime":
-        if torch.device(device).type != "cpu":
-            raise ArtifactError(f"handler.runtime=onnxruntime runs on the CPU only, not on {device} "
-                                "(set handler.device: cpu, or use runtime torchscript)")
-        if scheme != "none":
-            raise ArtifactError(f"{Path(model_dir) / ONNX_FILE}: an {scheme} model has none (its model.pt serves; use "
-                                "runtime torchscript, or train the float model with --quantize none)")
-        if ONNX_FILE not in metadata.sha256:
-            raise ArtifactError(f"{Path(model_dir) / ONNX_FILE}: missing, these artifacts were trained without "
-                                "onnx/onnxruntime (handler.runtime=onnxruntime needs it; use runtime torchscript)")
-        return OnnxModel(Path(model_dir) / ONNX_FILE, threads or torch.get_num_threads())
-    model = torch.jit.load(str(Path(model_dir) / MODEL_FILE), map_location=device).eval()
-    if torch.device(device).type == "cpu":
-        # oneDNN kernels for the frozen graph: about 2x faster on CPU (measured: 7.0 -> 3.5 ms for a
-        # batch of 8 on one thread), same outputs within 1e-7.
-        model = torch.jit.optimize_for_inference(model)
-    return model
 
 
 @dataclass
@@ -147,12 +79,13 @@ def with_embedding(answer: Answer, embedding: np.ndarray, gallery_ids: np.ndarra
 class EmbeddingService:
     """Verified artifacts loaded once; answers a batch of image payloads with one forward and one search."""
 
-    def __init__(self, model: "torch.jit.ScriptModule | OnnxModel", searcher: GallerySearcher, metadata: ModelMetadata,
+    def __init__(self, model: "torch.jit.ScriptModule | AotiModel | OnnxModel", searcher: GallerySearcher,
+                 metadata: ModelMetadata,
                  device: str = "cpu", max_pixels: int = DEFAULT_MAX_PIXELS,
                  sources: tuple[str, Sequence[str | int]] | None = None, digest: str | None = None) -> None:
         self.model = model
-        #: What runs the network (RUNTIMES).
-        self.runtime = "onnxruntime" if isinstance(model, OnnxModel) else "torchscript"
+        #: What runs the network (handler.network.RUNTIMES).
+        self.runtime = "onnxruntime" if isinstance(model, OnnxModel) else "torch"
         self.searcher = searcher
         self.metadata = metadata
         #: The preprocessing the model was trained with (raises ProfileError for one this code does not know).
@@ -181,7 +114,7 @@ class EmbeddingService:
         """Load from a directory only after every artifact's SHA-256 matched metadata.json; the open-set score and
         threshold are the ones metadata.json records (handler.artifacts.open_set_settings), and so is the
         enrolled-class switch (handler.artifacts.enrolled_switch; none: the vote alone). ``runtime`` and ``threads``:
-        see :func:`load_model`."""
+        see :func:`handler.network.load_model`."""
         model_dir = Path(model_dir)
         metadata = verify_artifacts(model_dir)
         try:

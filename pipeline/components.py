@@ -41,9 +41,9 @@ def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, 
           seed: int, negatives: int, printed: int, oe_weight: float, oe_loss: str, oe_margin: float, quantize: str,
           precision: str, k: int, model: Output[Model]) -> None:
     """Train the embedding network with training.params' parameters, as ``python -m training`` does (precision
-    bf16: the forward pass autocast); the output directory holds model.pt (float32, or int8 when quantize resolves
-    to int8: auto does for the digits profile) and train.json. The model's metadata records the resolved quantize,
-    never auto."""
+    bf16: the forward pass autocast); the output directory holds the network (model.pt, float32; or model.pt2, int8,
+    when quantize resolves to int8: auto does for the digits profile) and train.json. The model's metadata records
+    the resolved quantize, never auto."""
     from pathlib import Path
 
     from training.data import Dataset as TrainingData
@@ -59,7 +59,7 @@ def train(dataset: Input[Dataset], epochs: int, embedding_dim: int, width: int, 
     quantize = info["config"]["quantize"]  # auto resolved by the data's preprocessing profile
     # The last epoch's k-NN accuracy is the float network's; the evaluate task measures the exported (int8) one.
     accuracy_key = "knn_accuracy" if quantize == "none" else "float_knn_accuracy"
-    model.metadata.update({"framework": "torchscript", "quantize": quantize, "precision": precision,
+    model.metadata.update({"framework": info["model_format"], "quantize": quantize, "precision": precision,
                            "train_seconds": info["train_seconds"], accuracy_key: info["history"][-1]["knn_accuracy"]})
 
 

@@ -13,10 +13,12 @@
 # icon themes, Glyphicons Halflings, Font Awesome, Noto Color Emoji (about 10 MB) and the Liberation/FreeFont faces.
 # kubectl (Debian's kubernetes-client, or any kubectl already on PATH) runs the alerts' runbook steps in
 # tests/e2e/test_kserve_container.py against the stand-in API server (tests/support/kube_operator.py).
+# g++ compiles the int8 model ahead of time (training/quantize.py; $CXX when set); serving needs no compiler.
 # Installs only what is missing, as root.
 set -euo pipefail
 missing=()
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+command -v "${CXX:-g++}" >/dev/null 2>&1 || missing+=(g++)  # the int8 model's AOTInductor build
 command -v podman >/dev/null 2>&1 || missing+=(podman)
 command -v buildah >/dev/null 2>&1 || missing+=(buildah)
 command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)

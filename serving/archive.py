@@ -16,7 +16,6 @@ from pathlib import Path
 
 from handler.artifacts import (
     METADATA_FILE,
-    MODEL_FILE,
     ArtifactError,
     artifact_files,
     path_identity,
@@ -98,11 +97,11 @@ def build_mar(artifacts: Path, export_path: Path, model_name: str = MODEL_NAME, 
         extras = Path(tmp) / "extras"
         shutil.copytree(HANDLER_PACKAGE, extras / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for name in (*artifact_files(metadata), METADATA_FILE):
-            if name != MODEL_FILE:
+            if name != metadata.model_file:
                 shutil.copy2(artifacts / name, extras / name)
         cmd = [
             _archiver(), "--model-name", model_name, "--version", version,
-            "--serialized-file", str(artifacts / MODEL_FILE), "--handler", str(HANDLER_ENTRY),
+            "--serialized-file", str(artifacts / metadata.model_file), "--handler", str(HANDLER_ENTRY),
             "--extra-files", str(extras), "--config-file", str(model_config),
             "--export-path", tmp, "--force",
         ]

@@ -18,8 +18,9 @@
    enrolled-class switch (handler.search.EnrolledSwitch) is fitted: every class's mean, the whitening of the
    trained classes' pooled within-class covariance, and tau, set so that at most SWITCH_BUDGET of the held-out
    trained-class images (``--calibration-data``) would switch; recorded in metadata.json's "enrolled_switch".
-5. DIR2 gets model.pt (copied; model.onnx too when DIR's metadata records it), index.faiss, labels.json, sources.json, index.json, metrics.json and a
-   metadata.json with new SHA-256s and an "enrollment" history, published atomically (staged_directory).
+5. DIR2 gets the network (model.pt or model.pt2, copied; model.onnx too when DIR's metadata records it),
+   index.faiss, labels.json, sources.json, index.json, metrics.json and a metadata.json with new SHA-256s and an
+   "enrollment" history, published atomically (staged_directory).
 
 Bad input raises EnrollError with one line before anything is written.
 """
@@ -36,14 +37,12 @@ from typing import Any, Callable
 
 import faiss
 import numpy as np
-import torch
 
 from handler import preprocessing
 from handler.artifacts import (
     INDEX_FILE,
     LABELS_FILE,
     METADATA_FILE,
-    MODEL_FILE,
     ONNX_FILE,
     SOURCES_FILE,
     ArtifactError,
@@ -54,6 +53,7 @@ from handler.artifacts import (
     verify_artifacts,
 )
 from handler.metadata import Metrics, ModelMetadata
+from handler.network import load_network
 from handler.search import (
     EnrolledSwitch,
     GallerySearcher,
@@ -77,7 +77,7 @@ from .train import embed
 
 DEFAULT_HOLDOUT = 0.2
 #: Files enroll writes itself; everything else checksummed is copied. train.json is copied for the record.
-COPIED = (MODEL_FILE, "train.json")
+COPIED = ("train.json",)
 #: Enrolled-class switch: at most this share of held-out images of the trained classes would switch to an enrolled
 #: class (tau's calibration). Offline on Fashion-MNIST (2-epoch models, 10 shots) 0.8% cost the trained classes up
 #: to 1.19 points; 0.5% cost them at most 0.51 points on the same embeddings.
@@ -340,9 +340,10 @@ def _publish(staging: Path, artifacts: Path, metadata: ModelMetadata, gallery: G
     (staging / INDEX_INFO_FILE).write_text(json.dumps(gallery.info, indent=2))
     (staging / METRICS_FILE).write_text(json.dumps(calibrated.metrics, indent=2))
     onnx = [ONNX_FILE] if ONNX_FILE in metadata.sha256 else []  # verified with DIR
-    for name in onnx:
+    for name in (metadata.model_file, *onnx):
         shutil.copy2(artifacts / name, staging / name)
-    checksummed = [MODEL_FILE, INDEX_FILE, LABELS_FILE, *([SOURCES_FILE] if sources is not None else []), *onnx]
+    checksummed = [metadata.model_file, INDEX_FILE, LABELS_FILE, *([SOURCES_FILE] if sources is not None else []),
+                   *onnx]
     metadata = metadata.replace(sha256={name: sha256_file(staging / name) for name in checksummed})
     metadata.write(staging)
     verify_artifacts(staging)
@@ -372,7 +373,8 @@ def enroll_artifacts(artifacts: Path, data: str, out: Path, new_only: bool = Fal
         raise EnrollError(f"{root}: label {existing[0]!r} already exists in {artifacts} (--new-only)")
     calibration = calibration_images(calibration_data, metadata, cache_dir)
 
-    model = torch.jit.load(str(artifacts / MODEL_FILE), map_location="cpu").eval()
+    model = load_network(artifacts / metadata.model_file, metadata.model_format, metadata.quantization,
+                         embedding_dim=metadata.embedding_dim)
     gallery = _grown_gallery(artifacts, metadata, model, profile, new, old_labels)
     calibrated = _recalibrated(gallery, metadata, model, profile, calibration, new, calibration_data)
     sources, rewritten = merged_sources(artifacts, metadata, len(old_labels), dataset_name, gallery.new_files)

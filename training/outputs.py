@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from handler.artifacts import INDEX_FILE, LABELS_FILE, METADATA_FILE, MODEL_FILE, ONNX_FILE, SOURCES_FILE
+from handler.artifacts import INDEX_FILE, LABELS_FILE, METADATA_FILE, ONNX_FILE, SOURCES_FILE
+from handler.metadata import MODEL_FILES
 from settings import cache_root
 
 from .data.sources import parse_source
@@ -29,7 +30,7 @@ METRICS_FILE = "metrics.json"
 PLOT_FILES = ("training_curve.png", "confusion_matrix.png", "embeddings_2d.png")
 #: Every name an artifact folder of training or enroll holds: a folder holding only these (made before the marker
 #: existed) may be replaced.
-ARTIFACT_NAMES = (MODEL_FILE, ONNX_FILE, INDEX_FILE, LABELS_FILE, SOURCES_FILE, METADATA_FILE, TRAIN_FILE,
+ARTIFACT_NAMES = (*MODEL_FILES.values(), ONNX_FILE, INDEX_FILE, LABELS_FILE, SOURCES_FILE, METADATA_FILE, TRAIN_FILE,
                   INDEX_INFO_FILE, METRICS_FILE, *PLOT_FILES)
 #: Keys `training eval` writes into its JSON; a file holding them may be replaced by the next evaluation.
 EVAL_KEYS = frozenset({"artifacts", "score", "threshold", "digits", "unknown"})

@@ -23,13 +23,13 @@ from handler.artifacts import (
     CHECKSUMMED,
     INDEX_FILE,
     LABELS_FILE,
-    MODEL_FILE,
     ONNX_FILE,
     OPTIONAL_CHECKSUMMED,
     SOURCES_FILE,
     sha256_file,
 )
-from handler.metadata import Metrics, ModelMetadata
+from handler.metadata import MODEL_FILES, Metrics, ModelMetadata
+from handler.network import AotiModel, load_network
 from handler.search import DEFAULT_K, GallerySearcher, class_prototypes, gallery_vectors
 
 from .config import DEFAULT_KTH, DEFAULT_OPEN_SET_SCORE, resolve_profile, resolve_quantize
@@ -43,10 +43,10 @@ from .evaluate import (
     open_set_rejection,
     write_plots,
 )
-from .export import ONNX_OPSET, export_onnx, export_torchscript, save_checked
+from .export import ONNX_OPSET, export_onnx, export_torchscript
 from .index import build_index, default_search_params, recall_at_1, resolve_index_type
 from .outputs import INDEX_INFO_FILE, METRICS_FILE, TRAIN_FILE
-from .quantize import CALIBRATION_IMAGES, QuantizationError, quantize_int8
+from .quantize import CALIBRATION_IMAGES, QuantizationError, int8_unavailable, quantize_int8
 from .train import TrainConfig, embed, resolve_negatives, train_model
 
 
@@ -71,36 +71,57 @@ def prepare_data(source: str, cache_dir: Path | None = None, dataset: Dataset | 
     )
 
 
+def resolve_build_quantize(choice: str, profile: str, log: Callable[[str], None] = print) -> str:
+    """The quantization this build makes: resolve_quantize's, except that auto builds the float model where int8
+    cannot be built (no C++ compiler, not x86-64: quantize.int8_unavailable), saying so. An explicit int8 that
+    cannot be built is a QuantizationError here, before any training."""
+    quantize = resolve_quantize(choice, profile)
+    why = int8_unavailable() if quantize == "int8" else None
+    if why is not None and choice != "auto":
+        raise QuantizationError(f"{why} (--quantize none builds the float model)")
+    if choice == "auto":
+        if why is not None:
+            quantize = "none"
+            log(f"quantize auto: none for the {profile} profile, because {why}; the float model is as accurate and "
+                "serves about 20% fewer requests per second (docs/decisions.md)")
+        else:
+            log(f"quantize auto: {quantize} for the {profile} profile"
+                + (" (--quantize none builds the float model: GPU serving, model.onnx)" if quantize != "none" else ""))
+    return quantize
+
+
 def train_and_export(data: Dataset, config: TrainConfig, out: Path, k: int = DEFAULT_K,
                      log: Callable[[str], None] = print) -> dict:
-    """Train, export model.pt (TorchScript, parity-checked; the int8 network when ``config.quantize`` resolves to
-    int8: auto does for the digits profile, training.config.resolve_quantize) and model.onnx (ONNX, parity-checked
-    with onnxruntime; only for a float model, and skipped when onnx/onnxruntime are not installed), write
-    train.json with the resolved settings."""
-    quantize = resolve_quantize(config.quantize, data.preprocessing.name)
-    if config.quantize == "auto":
-        log(f"quantize auto: {quantize} for the {data.preprocessing.name} profile"
-            + (" (--quantize none builds the float model: GPU serving, model.onnx)" if quantize != "none" else ""))
+    """Train and export the network: model.pt (TorchScript, parity-checked) and model.onnx (ONNX, parity-checked
+    with onnxruntime; skipped when onnx/onnxruntime are not installed) for the float model, model.pt2 (an
+    AOTInductor package, training.quantize) when ``config.quantize`` resolves to int8 (auto does for the digits
+    profile where it can be built: resolve_build_quantize); write train.json with the resolved settings and the
+    network's ``model_format``."""
+    quantize = resolve_build_quantize(config.quantize, data.preprocessing.name, log)
     config = resolve_negatives(replace(config, quantize=quantize), data.classes, data.profile)
     model, history = train_model(data.inputs("train"), data.train_labels, data.inputs("test"), data.test_labels,
                                  len(data.classes), config, k, log, data.preprocessing)
     check = data.inputs("test")[:256]
-    quantization, onnx_parity = None, None
+    quantization, parity, onnx_parity = None, None, None
+    (out / ONNX_FILE).unlink(missing_ok=True)
+    for name in MODEL_FILES.values():
+        (out / name).unlink(missing_ok=True)  # never a stale network of an earlier build of this directory
     if config.quantize == "int8":
+        model_format = "aotinductor"
         pick = np.random.default_rng(config.seed).permutation(len(data.train_labels))[:CALIBRATION_IMAGES]
         try:
-            int8, quantization = quantize_int8(model, data.inputs("train")[np.sort(pick)], data.inputs("test")[:1024])
+            quantization = quantize_int8(model, data.inputs("train")[np.sort(pick)], data.inputs("test")[:1024],
+                                         out / MODEL_FILES[model_format])
         except QuantizationError as exc:
             raise QuantizationError(f"{exc} (--quantize none builds the float model)") from exc
-        parity = save_checked(int8, int8, out / MODEL_FILE, check)
-        log(f"int8 model ({quantization['fused_conv_blocks']} fused conv blocks, calibrated on "
-            f"{quantization['calibration_images']} training images): embeddings within "
-            f"{quantization['max_abs_diff_vs_float']:.3f} of the float model's; reloaded {parity:.2e}")
-        (out / ONNX_FILE).unlink(missing_ok=True)
-        log(f"ONNX export skipped: the int8 model.pt serves, a float {ONNX_FILE} would be another model "
-            "(--quantize none builds a float model with one)")
+        log(f"int8 model ({MODEL_FILES[model_format]}, compiled for {quantization['march']} in "
+            f"{quantization['build_seconds']:.0f} s, calibrated on {quantization['calibration_images']} training "
+            f"images): embeddings within {quantization['max_abs_diff_vs_float']:.3f} of the float model's")
+        log(f"ONNX export skipped: the int8 {MODEL_FILES[model_format]} serves, a float {ONNX_FILE} would be "
+            "another model (--quantize none builds a float model with one)")
     else:
-        parity = export_torchscript(model, out / MODEL_FILE, check)
+        model_format = "torchscript"
+        parity = export_torchscript(model, out / MODEL_FILES[model_format], check)
         log(f"TorchScript export: max abs difference vs eager {parity:.2e}")
         onnx_parity = export_onnx(model, out / ONNX_FILE, check)
         if onnx_parity is None:
@@ -108,21 +129,30 @@ def train_and_export(data: Dataset, config: TrainConfig, out: Path, k: int = DEF
         else:
             log(f"ONNX export (opset {ONNX_OPSET}): onnxruntime max abs difference vs eager {onnx_parity:.2e}")
     info = {"config": config.to_dict(), "history": history.epochs, "train_seconds": history.seconds,
-            "torchscript_max_abs_diff": parity, "onnx_max_abs_diff": onnx_parity,
+            "model_format": model_format, "torchscript_max_abs_diff": parity, "onnx_max_abs_diff": onnx_parity,
             "onnx_opset": None if onnx_parity is None else ONNX_OPSET, "quantization": quantization}
     (out / TRAIN_FILE).write_text(json.dumps(info, indent=2))
     return info
 
 
-def load_model(path: Path) -> torch.jit.ScriptModule:
-    return torch.jit.load(str(path), map_location="cpu").eval()
+def model_format_of(out: Path) -> str:
+    """The network's format train.json records (builds before model.pt2: torchscript)."""
+    return str(json.loads((out / TRAIN_FILE).read_text()).get("model_format", "torchscript"))
+
+
+def load_model(out: Path) -> "torch.jit.ScriptModule | AotiModel":
+    """The network train_and_export wrote into `out`, on the CPU."""
+    train_info = json.loads((out / TRAIN_FILE).read_text())
+    model_format = model_format_of(out)
+    return load_network(out / MODEL_FILES[model_format], model_format, train_info.get("quantization") or {},
+                        embedding_dim=train_info["config"]["embedding_dim"])
 
 
 def build_gallery(data: Dataset, out: Path, index_type: str = "auto", seed: int = 0,
                   log: Callable[[str], None] = print) -> dict:
-    """Embed the training split with model.pt and write index.faiss, labels.json, index.json, and
+    """Embed the training split with the exported network and write index.faiss, labels.json, index.json, and
     sources.json when the data names each image's source (gallery item i is training image i)."""
-    model = load_model(out / MODEL_FILE)
+    model = load_model(out)
     gallery = embed(model, data.inputs("train"))
     index_type = resolve_index_type(index_type, len(gallery))
     started = time.perf_counter()
@@ -166,14 +196,15 @@ def evaluate_and_finalize(data: Dataset, out: Path, k: int = DEFAULT_K, plots: b
                           kth: int = DEFAULT_KTH) -> ModelMetadata:
     """Evaluate with the serving searcher, calibrate the open-set threshold of `score` on held-out digits only
     only, write metadata.json."""
-    model = load_model(out / MODEL_FILE)
+    model = load_model(out)
+    model_format = model_format_of(out)
     index_info = json.loads((out / INDEX_INFO_FILE).read_text())
     train_info = json.loads((out / TRAIN_FILE).read_text())
     index = faiss.read_index(str(out / INDEX_FILE))
     labels = json.loads((out / LABELS_FILE).read_text())
     prototypes = None
     if score == "prototype_distance":
-        # build_gallery added model.pt's embeddings of the training split: the index holds exact copies, so the
+        # build_gallery added the network's embeddings of the training split: the index holds exact copies, so the
         # prototypes need no second pass of the network over the training images.
         names, prototypes = class_prototypes(gallery_vectors(index), labels)
     searcher = GallerySearcher(index, labels, k=k, score=score, kth=kth, prototypes=prototypes,
@@ -215,7 +246,9 @@ def evaluate_and_finalize(data: Dataset, out: Path, k: int = DEFAULT_K, plots: b
                                                        "onnx_max_abs_diff", "onnx_opset", "quantization")},
         versions={"python": platform.python_version(), "torch": torch.__version__,
                   "faiss": faiss.__version__, "numpy": np.__version__, **onnx_versions(out)},
-        sha256={name: sha256_file(out / name) for name in (*CHECKSUMMED, *present_optional(out))},
+        sha256={name: sha256_file(out / name)
+                for name in (MODEL_FILES[model_format], *CHECKSUMMED, *present_optional(out))},
+        model_format=model_format,
     )
     metadata.write(out)
     return metadata

@@ -498,3 +498,31 @@ def test_sigterm_stops_the_container_cleanly(images, mnt_models, runtime):
         assert seconds < 10 + SHUTDOWN_DELAY_S, f"took {seconds:.1f} s to stop"
     finally:
         container.remove()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_each_image_serves_the_int8_package_without_a_compiler(images, mnt_models, runtime, tiny_int8_artifacts,
+                                                               canvases, tmp_path):
+    """The default digit model is model.pt2, compiled code: each serving image, which has no C++ compiler and no
+    torchao, loads it from the storage layout and answers what the int8 service answers in-process."""
+    from pipeline.kserve_deploy import stage_layout
+    from serving.archive import build_mar
+
+    store = tmp_path / "store"
+    store.mkdir()
+    layout = tmp_path / "mnt-models"
+    stage_layout(build_mar(tiny_int8_artifacts, store), "embedding", "1.0", layout)
+    subprocess.run(["chmod", "-R", "a+rX", str(tmp_path)], check=True)  # the image runs as uid 10001
+    container, url, key, spec = start_predictor(images, (layout, mnt_models[1]),
+                                                f"embedding-int8-{uuid.uuid4().hex[:6]}", runtime)
+    try:
+        wait_for_probe(url, spec["readinessProbe"], 180, container)
+        found = container.exec_python("import importlib.util, shutil; print([c for c in ('g++', 'gcc', 'cc', 'c++') "
+                                      "if shutil.which(c)], importlib.util.find_spec('torchao'))").strip()
+        assert found == "[] None", found
+        pngs = [user_digit_png(c) for c in canvases]
+        status, body = post(f"{url}/v1/models/embedding:predict", {"instances": [{"data": b64(p)} for p in pngs]}, key)
+        assert status == 200, body
+        close(body["predictions"], expected(EmbeddingService.from_dir(tiny_int8_artifacts), pngs))
+    finally:
+        container.remove()

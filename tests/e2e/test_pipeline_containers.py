@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,14 @@ def test_every_task_ran_in_the_pipeline_image(container_run):
                 assert value.path.is_relative_to(run.run_dir), (task, name, value.uri)
 
 
+def test_the_train_task_compiled_the_int8_model_in_the_pipeline_image(container_run):
+    """The digit profile's default is int8, compiled ahead of time by the image's g++: without a compiler the
+    build would fall back to the float model and every serving check below would test that one instead."""
+    model = container_run.outputs["train"]["model"]
+    assert (model.metadata["quantize"], model.metadata["framework"]) == ("int8", "aotinductor"), model.metadata
+    assert (model.path / "model.pt2").is_file() and not (model.path / "model.pt").exists()
+
+
 def test_evaluate_wrote_metrics_confusion_matrix_and_report(container_run):
     evaluate = container_run.outputs["evaluate"]
     accuracy = float(evaluate["Output"])
@@ -278,6 +287,8 @@ def test_serving_container_answers_from_the_published_storage(container_run, ima
     download = kserve_download(uri, models_dir, run.endpoint)
     assert download.returncode == 0, download.stderr[-2000:]
     assert files(models_dir) == ["config/config.properties", "model-store/embedding.mar"]
+    with zipfile.ZipFile(models_dir / "model-store" / "embedding.mar") as mar:
+        assert "model.pt2" in mar.namelist()  # the serving image, which has no compiler, loads the int8 package
     subprocess.run(["chmod", "-R", "a+rX", str(tmp_path)], check=True)  # the serving image runs as non-root
     PHASES.timed("kserve-storage download", started)
 

@@ -21,7 +21,7 @@ INPUTS = ("training", "handler", "settings.py")
 
 def cache_key() -> str:
     digest = hashlib.sha256(" ".join(COMMAND).encode())
-    for name in ("torch", "faiss-cpu", "numpy", "pillow"):
+    for name in ("torch", "torchao", "faiss-cpu", "numpy", "pillow"):
         digest.update(f"{name}={importlib.metadata.version(name)}".encode())
     for root in INPUTS:
         path = REPO / root

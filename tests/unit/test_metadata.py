@@ -57,6 +57,15 @@ def test_a_malformed_or_newer_file_is_refused_on_one_line(change, message):
     assert str(error.value).startswith("m/metadata.json: ") and "\n" not in str(error.value)
 
 
+def test_files_before_schema_3_hold_a_torchscript_network_and_schema_3_names_its_format():
+    assert ModelMetadata.from_json({**SCHEMA_1_OLDEST, "schema_version": 2}).model_file == "model.pt"
+    meta = ModelMetadata.from_json({**SCHEMA_1_OLDEST, "schema_version": 3, "model_format": "aotinductor"})
+    assert (meta.model_format, meta.model_file) == ("aotinductor", "model.pt2")
+    assert meta.to_json()["model_format"] == "aotinductor" and "model_format" not in meta.extra
+    with pytest.raises(ArtifactError, match=r"^m: model_format must be one of torchscript, aotinductor, got 'onnx'$"):
+        ModelMetadata.from_json({**SCHEMA_1_OLDEST, "schema_version": 3, "model_format": "onnx"}, "m")
+
+
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", "\udcff"])
 def test_an_unreadable_file_is_an_artifact_error(tmp_path, content):
     (tmp_path / "metadata.json").write_text(content, errors="surrogateescape")

@@ -104,7 +104,7 @@ def both_services(tiny_artifacts):
 
 def test_onnxruntime_service_answers_as_torchscript(both_services, prepared_sample):
     torchscript, onnxrt = both_services
-    assert (torchscript.runtime, onnxrt.runtime) == ("torchscript", "onnxruntime")
+    assert (torchscript.runtime, onnxrt.runtime) == ("torch", "onnxruntime")
     assert isinstance(onnxrt.model, OnnxModel) and onnxrt.model.threads == 1
     x = prepared_sample.inputs("test")[:300]
     a, b = torchscript.embed(x), onnxrt.embed(x)
@@ -158,7 +158,9 @@ def test_onnxruntime_refused_when_not_installed_or_on_cuda(tiny_artifacts, monke
     with pytest.raises(ArtifactError, match="onnxruntime is not installed") as excinfo:
         EmbeddingService.from_dir(tiny_artifacts, runtime="onnxruntime")
     assert "\n" not in str(excinfo.value)
-    assert EmbeddingService.from_dir(tiny_artifacts).runtime == "torchscript"  # needs no onnxruntime
+    assert EmbeddingService.from_dir(tiny_artifacts).runtime == "torch"  # needs no onnxruntime
+    # "torchscript", the default's name in model-config.yaml files written before model.pt2, still means it
+    assert EmbeddingService.from_dir(tiny_artifacts, runtime="torchscript").runtime == "torch"
 
 
 def test_training_without_onnx_installed_writes_no_model_onnx(prepared_sample, tmp_path, monkeypatch):

@@ -288,7 +288,7 @@ def test_prototypes_from_the_stored_gallery_equal_a_fresh_embedding_pass(tiny_ar
     build_gallery(prepared_sample, artifacts, index_type, log=lambda _: None)
     metadata = evaluate_and_finalize(prepared_sample, artifacts, plots=False, log=lambda _: None)
     assert metadata.index["type"] == index_type
-    fresh = embed(load_model(artifacts / "model.pt"), prepared_sample.inputs("train"))
+    fresh = embed(load_model(artifacts), prepared_sample.inputs("train"))
     names, expected = class_prototypes(fresh, [prepared_sample.classes[y] for y in prepared_sample.train_labels])
     recorded = metadata.open_set["prototypes"]
     assert recorded["labels"] == names

@@ -58,7 +58,7 @@ def quiet(_: str) -> None:
 @pytest.fixture(scope="module")
 def tiny_embeddings(tiny_artifacts, prepared_sample) -> tuple[np.ndarray, np.ndarray]:
     """(gallery, test) embeddings of the bundled sample from the tiny exported model."""
-    model = load_model(tiny_artifacts / MODEL_FILE)
+    model = load_model(tiny_artifacts)
     return embed(model, prepared_sample.inputs("train")), embed(model, prepared_sample.inputs("test"))
 
 
@@ -117,8 +117,8 @@ def test_tiny_metadata_records_data_model_threshold_versions_and_checksums(tiny_
     assert metadata.metrics.accuracy > 0.9
     assert metadata.versions["torch"] == torch.__version__
     assert metadata.versions["faiss"] == faiss.__version__
-    assert set(metadata.sha256) == {*CHECKSUMMED, SOURCES_FILE, ONNX_FILE}
-    for name in (*CHECKSUMMED, SOURCES_FILE, ONNX_FILE):
+    assert set(metadata.sha256) == {MODEL_FILE, *CHECKSUMMED, SOURCES_FILE, ONNX_FILE}
+    for name in (MODEL_FILE, *CHECKSUMMED, SOURCES_FILE, ONNX_FILE):
         assert metadata.sha256[name] == sha256_file(tiny_artifacts / name), name
 
 
@@ -176,9 +176,9 @@ def without_sources(directory: Path) -> None:
 def test_artifacts_without_sources_still_verify(tmp_path, tiny_artifacts):
     copy = tmp_path / "artifacts"
     shutil.copytree(tiny_artifacts, copy)
-    assert artifact_files(verify_artifacts(copy)) == (*CHECKSUMMED, SOURCES_FILE, ONNX_FILE)
+    assert artifact_files(verify_artifacts(copy)) == (MODEL_FILE, *CHECKSUMMED, SOURCES_FILE, ONNX_FILE)
     without_sources(copy)
-    assert artifact_files(verify_artifacts(copy)) == (*CHECKSUMMED, ONNX_FILE)
+    assert artifact_files(verify_artifacts(copy)) == (MODEL_FILE, *CHECKSUMMED, ONNX_FILE)
 
 
 @pytest.mark.parametrize("damage", ["tampered", "missing", "unrecorded"])
@@ -589,6 +589,6 @@ def test_cli_trains_on_image_folder_end_to_end(tmp_path):
     assert not list(out.glob("*.png"))
     assert leftovers(out.parent) == []
     searcher = tiny_searcher(out, metadata)
-    model = load_model(out / MODEL_FILE)
+    model = load_model(out)
     assert embed(model, np.zeros((2, 1, 28, 28), np.float32)).shape == (2, 8)
     assert searcher.classify(embed(model, np.zeros((1, 1, 28, 28), np.float32)))[0].nearest_label in {"a", "b", "c"}
