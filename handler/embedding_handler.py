@@ -110,8 +110,9 @@ class EmbeddingHandler(BaseHandler):
                            "no EmbeddingBaseline* metrics", context.model_name)
         self._send_baseline(context)
         self._baseline_sent = float("-inf")  # and again with the first batch, in case the load-time one was lost
-        logger.info("loaded %s on %s (%s): gallery %d x %d (%s), k=%d, unknown when %s > %.4f, accuracy %.4f, "
-                    "threads %d", context.model_name, device, self.service.runtime, self.service.searcher.index.ntotal, self.service.searcher.dim,
+        logger.info("loaded %s on %s (%s: %s): gallery %d x %d (%s), k=%d, unknown when %s > %.4f, accuracy %.4f, "
+                    "threads %d", context.model_name, device, self.service.runtime, self.service.network_file,
+                    self.service.searcher.index.ntotal, self.service.searcher.dim,
                     meta.index.get("type"), self.service.searcher.k, self.service.searcher.score,
                     float("nan") if self.service.searcher.threshold is None else self.service.searcher.threshold,
                     meta.metrics.accuracy, torch.get_num_threads())

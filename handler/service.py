@@ -15,6 +15,7 @@ from .artifacts import (
     INDEX_FILE,
     LABELS_FILE,
     METADATA_FILE,
+    ONNX_FILE,
     SOURCE_KEYS,
     ArtifactError,
     enrolled_switch,
@@ -84,8 +85,9 @@ class EmbeddingService:
                  device: str = "cpu", max_pixels: int = DEFAULT_MAX_PIXELS,
                  sources: tuple[str, Sequence[str | int]] | None = None, digest: str | None = None) -> None:
         self.model = model
-        #: What runs the network (handler.network.RUNTIMES).
+        #: What runs the network (handler.network.RUNTIMES), and from which file.
         self.runtime = "onnxruntime" if isinstance(model, OnnxModel) else "torch"
+        self.network_file = ONNX_FILE if isinstance(model, OnnxModel) else metadata.model_file
         self.searcher = searcher
         self.metadata = metadata
         #: The preprocessing the model was trained with (raises ProfileError for one this code does not know).

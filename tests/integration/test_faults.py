@@ -354,7 +354,7 @@ def test_sigkill_while_publishing_always_leaves_a_complete_artifacts_dir(tmp_pat
 
 @pytest.fixture(scope="module")
 def other_run(prepared_sample, tmp_path_factory) -> Path:
-    """Artifacts of ANOTHER training run: 1 epoch, width 8, on a 300-image subset."""
+    """Artifacts of ANOTHER training run: 1 epoch, width 8, on a 300-image subset; float, as model_store's are."""
     from training.data import Dataset
     from training.steps import build_gallery, evaluate_and_finalize, train_and_export
     from training.train import TrainConfig
@@ -363,7 +363,8 @@ def other_run(prepared_sample, tmp_path_factory) -> Path:
                      prepared_sample.test_images[:100], prepared_sample.test_labels[:100], prepared_sample.classes,
                      profile=prepared_sample.profile)
     out = tmp_path_factory.mktemp("other-run")
-    train_and_export(subset, TrainConfig(epochs=1, embedding_dim=32, width=8, seed=1), out, log=lambda _: None)
+    train_and_export(subset, TrainConfig(epochs=1, embedding_dim=32, width=8, seed=1, quantize="none"), out,
+                     log=lambda _: None)
     build_gallery(subset, out, log=lambda _: None)
     evaluate_and_finalize(subset, out, plots=False, log=lambda _: None)
     return out

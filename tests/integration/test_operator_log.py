@@ -33,7 +33,7 @@ def post(instance, body: bytes) -> int:
 
 
 #: What each worker writes once it has loaded the model.
-WORKER_LOADED = "MODEL_LOG - loaded embedding on cpu (torchscript): gallery "
+WORKER_LOADED = "MODEL_LOG - loaded embedding on cpu (torch: model.pt): gallery "  # model_store: the float model
 
 
 def console(instance, needles: dict[str, int], timeout: float = 20.0) -> list[str]:

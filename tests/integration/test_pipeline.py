@@ -209,10 +209,13 @@ def test_local_run_writes_every_artifact(local_run):
     data = Dataset.load(out["load-data"]["dataset"].path)
     assert (len(data.train_images), len(data.test_images)) == (4000, 1000)
     assert out["load-data"]["dataset"].metadata["format"] == "npz"
-    assert {"model.pt", "train.json"} <= {p.name for p in out["train"]["model"].path.iterdir()}
+    # The digits profile's default, int8: the train task compiled model.pt2 and passed it on.
+    assert out["train"]["model"].metadata["framework"] == "aotinductor"
+    assert {"model.pt2", "train.json"} <= {p.name for p in out["train"]["model"].path.iterdir()}
     gallery = {p.name for p in out["build-index"]["artifacts"].path.iterdir()}
-    assert {"model.pt", "index.faiss", "labels.json"} <= gallery
+    assert {"model.pt2", "index.faiss", "labels.json"} <= gallery
     metadata = verify_artifacts(out["evaluate"]["evaluated"].path)
+    assert metadata.model_file == "model.pt2"
     assert metadata.embedding_dim == TINY["embedding_dim"]
     assert out["evaluate"]["Output"] == pytest.approx(metadata.metrics.accuracy)
     logged = out["evaluate"]["metrics"].metadata

@@ -126,7 +126,7 @@ def test_handler_with_onnxruntime_serves_the_torchscript_answers(loaded, tiny_ar
     onnx_handler = EmbeddingHandler()
     with caplog.at_level(logging.INFO):
         onnx_handler.initialize(onnx_context)
-    assert "(onnxruntime)" in caplog.text
+    assert "(onnxruntime: model.onnx)" in caplog.text
     rows = [raw_row(user_digit_png(prepared_sample.test_images[i])) for i in range(0, 80, 10)]
     expected, _ = run_batch(handler, context, rows)
     served, statuses = run_batch(onnx_handler, onnx_context, rows)
