@@ -93,14 +93,17 @@ def cpu_runs(isa: str) -> str | None:
 
 
 @contextmanager
-def _quiet_isa_warning() -> Iterator[None]:
-    logger = logging.getLogger(_PACKAGE_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """The named loggers at ERROR for the block (warnings torch and torchao print on every call of an API)."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def load_package(path: Path, isa: str, embedding_dim: int | None = None) -> AotiModel:
@@ -115,7 +118,7 @@ def load_package(path: Path, isa: str, embedding_dim: int | None = None) -> Aoti
     try:
         # The loader compares the package's ISA with this CPU's, which it finds by compiling probe programs where a
         # C++ compiler is on PATH: 7.5 s per worker start (measured), for a warning only; cpu_runs checked it.
-        with _quiet_isa_warning(), config.patch({"cpp.vec_isa_ok": False}):
+        with quiet_loggers(_PACKAGE_LOGGER), config.patch({"cpp.vec_isa_ok": False}):
             run = aoti_load_package(str(path))
     except (RuntimeError, OSError, AssertionError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

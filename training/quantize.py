@@ -24,20 +24,18 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
-import logging
 import os
 import platform
 import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from handler.network import load_package
+from handler.network import load_package, quiet_loggers
 
 from .export import ExportError
 from .model import EmbeddingNet
@@ -86,24 +84,11 @@ def int8_unavailable() -> str | None:
     return None
 
 
-@contextmanager
-def _quiet(*names: str) -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-
-
 def _pt2e() -> tuple[Any, Any, Any]:
     """(prepare_pt2e, convert_pt2e, the x86 Inductor quantizer module) from torchao, without loading its CUDA
     and kernel extensions (PT2E needs none of them)."""
     os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
-    with _quiet(*_NOISY_LOGGERS):
+    with quiet_loggers(*_NOISY_LOGGERS):
         import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     return prepare_pt2e, convert_pt2e, xiq
@@ -120,7 +105,7 @@ def convert(model: nn.Module, calibration: torch.Tensor) -> torch.fx.GraphModule
     prepare_pt2e, convert_pt2e, xiq = _pt2e()
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     example = (calibration[:CHECK_BATCHES[2]].contiguous(),)
-    with _quiet(*_NOISY_LOGGERS):
+    with quiet_loggers(*_NOISY_LOGGERS):
         exported = torch.export.export(model, example, dynamic_shapes=({0: batch},)).module()
     quantizer = xiq.X86InductorQuantizer()
     quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
@@ -139,7 +124,7 @@ def compile_package(converted: torch.fx.GraphModule, example: torch.Tensor, path
     from torch._inductor import aoti_compile_and_package
 
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
-    with torch.no_grad(), _quiet(*_NOISY_LOGGERS):
+    with torch.no_grad(), quiet_loggers(*_NOISY_LOGGERS):
         program = torch.export.export(converted, (example,), dynamic_shapes=({0: batch},))
         aoti_compile_and_package(program, package_path=str(path), inductor_configs={
             "freezing": True, "cpp.march": MARCH, "cpp.simdlen": SIMD_BITS, "cpp.dynamic_threads": True})

@@ -28,7 +28,7 @@ from handler.artifacts import (
     SOURCES_FILE,
     sha256_file,
 )
-from handler.metadata import MODEL_FILES, Metrics, ModelMetadata
+from handler.metadata import DEFAULT_MODEL_FORMAT, MODEL_FILES, Metrics, ModelMetadata
 from handler.network import AotiModel, load_network
 from handler.search import DEFAULT_K, GallerySearcher, class_prototypes, gallery_vectors
 
@@ -135,15 +135,10 @@ def train_and_export(data: Dataset, config: TrainConfig, out: Path, k: int = DEF
     return info
 
 
-def model_format_of(out: Path) -> str:
-    """The network's format train.json records (builds before model.pt2: torchscript)."""
-    return str(json.loads((out / TRAIN_FILE).read_text()).get("model_format", "torchscript"))
-
-
 def load_model(out: Path) -> "torch.jit.ScriptModule | AotiModel":
-    """The network train_and_export wrote into `out`, on the CPU."""
+    """The network train_and_export wrote into `out` (in the format its train.json records), on the CPU."""
     train_info = json.loads((out / TRAIN_FILE).read_text())
-    model_format = model_format_of(out)
+    model_format = train_info.get("model_format", DEFAULT_MODEL_FORMAT)
     return load_network(out / MODEL_FILES[model_format], model_format, train_info.get("quantization") or {},
                         embedding_dim=train_info["config"]["embedding_dim"])
 
@@ -197,9 +192,9 @@ def evaluate_and_finalize(data: Dataset, out: Path, k: int = DEFAULT_K, plots: b
     """Evaluate with the serving searcher, calibrate the open-set threshold of `score` on held-out digits only
     only, write metadata.json."""
     model = load_model(out)
-    model_format = model_format_of(out)
     index_info = json.loads((out / INDEX_INFO_FILE).read_text())
     train_info = json.loads((out / TRAIN_FILE).read_text())
+    model_format = train_info.get("model_format", DEFAULT_MODEL_FORMAT)
     index = faiss.read_index(str(out / INDEX_FILE))
     labels = json.loads((out / LABELS_FILE).read_text())
     prototypes = None
